@@ -1,0 +1,30 @@
+"""LeakyReLU with a constructor-supplied slope (golden task, level 1). y = x if x > 0 else negative_slope * x.
+
+Sizes: 8M fp32 elements (32 MB in, 32 MB out): tens of microseconds of HBM traffic on an H200, tens of
+milliseconds eager on one CPU core, and a Triton solution with 4096-16384-element blocks stays inside the
+interpreter's budget. Inputs are torch.randn so that the op is neither the identity nor a constant.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+batch_size = 4096
+dim = 2048
+negative_slope = 0.1
+
+
+class Model(nn.Module):
+    def __init__(self, negative_slope: float = 0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.leaky_relu(x, negative_slope=self.negative_slope)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [negative_slope]

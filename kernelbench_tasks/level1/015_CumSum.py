@@ -1,0 +1,26 @@
+"""Inclusive prefix sum along the last dimension (golden task, level 1).
+
+y[i, j] = x[i, 0] + ... + x[i, j]. Rows are 4096 long: a kernel scans them in chunks and carries the running total.
+Sizes: 8M fp32 elements.
+"""
+import torch
+import torch.nn as nn
+
+batch_size = 2048
+length = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, length)]
+
+
+def get_init_inputs():
+    return []
