@@ -1,0 +1,23 @@
+"""Mish activation, x * tanh(softplus(x)), elementwise over a (4096, 4096) fp32 tensor."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 4096
+DIM = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.mish(x)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, DIM)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,23 @@
+"""HardSigmoid, relu6(x + 3) / 6, elementwise over a (4096, 4096) fp32 tensor (inputs scaled so both clamps are hit)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 4096
+DIM = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardsigmoid(x)
+
+
+def get_inputs():
+    return [4 * torch.randn(BATCH, DIM)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,23 @@
+"""SiLU (x * sigmoid(x)) in float16, elementwise over a (8192, 4096) tensor: a half-precision variant."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 8192
+DIM = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, DIM, dtype=torch.float16)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,24 @@
+"""Mean over the middle dimension of a (32, 1024, 1024) tensor: a strided (non-contiguous) reduction."""
+import torch
+import torch.nn as nn
+
+BATCH = 32
+DIM1 = 1024
+DIM2 = 1024
+
+
+class Model(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mean(x, dim=self.dim)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, DIM1, DIM2)]
+
+
+def get_init_inputs():
+    return [1]

@@ -1,0 +1,23 @@
+"""L2 normalisation of each row: x / max(||x||_2, eps) over the last dimension of a (4096, 4096) tensor."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 4096
+DIM = 4096
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, p=2.0, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, DIM)]
+
+
+def get_init_inputs():
+    return []
