@@ -1,0 +1,36 @@
+"""Triton solution for level1/007_Softplus: Softplus (beta=1, threshold=20).
+
+One elementwise kernel: each program loads BLOCK contiguous elements, applies log(1 + exp(x)) in fp32 registers and stores
+them. On the GPU BLOCK=1024 (4 warps, 8 elements per thread); under the CPU interpreter the cost grows with the
+number of programs, so forward() picks a 16384-element block there.
+"""
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softplus_kernel(x_ptr, y_ptr, n_elements, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    x = tl.load(x_ptr + offs, mask=mask)
+    # log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)): exp never overflows. Above torch's threshold (20)
+    # torch returns x itself; match it exactly.
+    soft = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+    y = tl.where(x > 20.0, x, soft)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        BLOCK = 1024 if x.is_cuda else 16384
+        softplus_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, BLOCK=BLOCK)
+        return y
