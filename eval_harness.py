@@ -1,0 +1,1348 @@
+"""eval_harness.py: verifies and times candidate GPU kernels for KernelZero (CUDA via load_inline, Triton via JIT).
+
+A task is a KernelBench problem file (`class Model`, `get_inputs()`, `get_init_inputs()`); a candidate defines
+`class ModelNew` with the same constructor and forward signature. `evaluate(ref_src, cand_src)` returns a
+`KernelResult` whose `error_kind` is one of ERROR_KINDS; `Evaluator.map(pairs)` does the same for a batch, compiling
+on CPU workers in parallel and running/timing one candidate at a time on each GPU.
+
+What the process isolation protects, and what it does not
+  Every candidate runs in its own freshly spawned Python process, in its own session (process group), used for
+  exactly one candidate and then killed with its whole group. This protects the *evaluation*: a hang becomes
+  `timeout`, a segfault / abort / illegal memory access becomes `crash`, a poisoned CUDA context dies with its
+  process, a memory bomb hits an address-space limit (CPU mode), and nothing one candidate leaves behind (patched
+  functions, threads, cached tensors) reaches the next one or the caller. It is NOT a security sandbox: candidates
+  run with the user's rights and can read/write files, open sockets or escape the process group on purpose. The
+  anti-reward-hacking checks target the known ways a *model* games kernel benchmarks
+  (shared/reference/harness-pitfalls.md), not a determined human attacker. Run untrusted code in a container.
+
+How it departs from KernelBench's own eval (src/eval.py)
+  1. One fresh process per candidate, separate compile and run timeouts (KernelBench runs in the caller's process).
+  2. All trial inputs and reference outputs are computed before the candidate is imported; the candidate cannot
+     reach the reference module (separate module, removed from sys.modules). One extra trial multiplies floating
+     inputs by a log-normal factor (heavier tails, shifted mean) to catch analytic shortcuts.
+  3. The candidate's calls run on NaN-poisoned memory (deterministic mode's fill_uninitialized_memory, plus a NaN
+     flood of the CUDA caching allocator), get their own input copies (mutation is detected), must return plain
+     torch.Tensor objects, and must agree with themselves when run twice.
+  4. Anti reward hacking (error_kind "reward_hack", details["check"] names the check): a static AST check, a check
+     that the candidate's own kernels launch, a PyTorch-fallback check (aten ops seen by a TorchDispatchMode beyond
+     a small allowlist of glue ops), a snapshot of the harness's own references (allclose, timers, TF32 flags, ...)
+     verified after every candidate phase, and a thread count.
+  5. Timing (GPU only): CUDA events with a device-wide synchronize before the end event, a 256 MB L2 flush before
+     every rep, fresh input copies per rep (outputs spot-checked), reference and candidate interleaved in one
+     process under no_grad; medians reported (means in details for KernelBench comparisons).
+  6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
+     runs under torch.no_grad().
+
+Run it
+  python eval_harness.py check REF.py CAND.py --backend triton --device cpu --json
+  python eval_harness.py run --tasks kernelbench_tasks/level1 --solutions kernelbench_tasks/solutions/level1 --backend triton
+  python eval_harness.py lint kernelbench_tasks/level1
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import inspect
+import json
+import multiprocessing
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+import torch
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Results and options
+
+ERROR_KINDS = ("ok", "format", "compile", "runtime", "mismatch", "timeout", "crash", "reward_hack", "unsupported")
+
+
+@dataclass
+class KernelResult:
+    compiled: bool            # the candidate imported (and, for CUDA, its extension built)
+    correct: bool             # exactly error_kind == "ok"
+    error_kind: str           # one of ERROR_KINDS
+    error: str = ""           # short, truncated message
+    speedup: float | None = None         # reference median / candidate median (GPU timing only)
+    runtime_ms: float | None = None      # candidate median
+    ref_runtime_ms: float | None = None  # reference (eager) median
+    compile_s: float | None = None       # import + build time of the candidate
+    details: dict = field(default_factory=dict)  # trials, errors, checks fired, launches, coverage, timing means...
+
+
+# atol = rtol per output dtype, like KernelBench's current table; KernelBench v0/v0.1 used 1e-2 everywhere.
+TOLERANCES = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+
+DEFAULTS = dict(
+    trials=5,                # random-input trials, each with its own seed (+1 heavy-tailed trial for float inputs)
+    atol=None, rtol=None,    # None: the TOLERANCES entry of the reference output's dtype
+    dtype=None,              # e.g. "float16": cast floating inputs and both models; None keeps the task's dtypes
+    seed=0,                  # models are built after torch.manual_seed(seed); trial t uses seed + 1 + t
+    timing=True,             # time reference and candidate (GPU only; CPU timing fields stay None)
+    timing_budget_s=2.0,     # wall time spent on timing reps (30..300 reps)
+    compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
+    compile_timeout=None,    # import/build limit in s; None: 600 for CUDA (cold nvcc builds), 120 for Triton
+    run_timeout=300.0,       # limit in s for the candidate's trials + timing
+    ref_timeout=300.0,       # limit in s for loading the reference and computing its outputs
+    memory_limit_gb=8.0,     # RLIMIT_AS of CPU-mode workers: a memory bomb fails instead of swapping the machine
+    max_trial_gb=4.0,        # host memory for stored trial inputs/outputs; tasks above it get fewer trials
+)
+
+
+def _truncate(text: str, n: int = 1500) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[: n // 3] + "\n...\n" + text[-(2 * n) // 3:]
+
+
+def _result(kind: str, error: str = "", **fields) -> KernelResult:
+    assert kind in ERROR_KINDS, kind
+    fields.setdefault("compiled", False)
+    return KernelResult(correct=(kind == "ok"), error_kind=kind, error=_truncate(error), **fields)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# extract_code: the last fenced python block of a model's answer
+
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
+
+
+def extract_code(completion: str) -> str | None:
+    """Last ```python block (a bare ``` block if there is none); None if there is no complete block."""
+    if not completion:
+        return None
+    blocks = _FENCE.findall(completion)
+    python = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
+    bare = [body for lang, body in blocks if lang == ""]
+    picked = (python or bare or [""])[-1]
+    return picked.strip("\n") if picked.strip() else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Static checks (parent side: parse only, nothing is executed)
+
+_BANNED_IMPORTS = {  # module root -> check name
+    "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
+    "multiprocessing": "processes", "subprocess": "processes", "ctypes": "ctypes", "cffi": "ctypes",
+    "inspect": "introspection", "importlib": "dynamic_code", "eval_harness": "monkeypatch", "builtins": "monkeypatch",
+    "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
+    "torch.utils._python_dispatch": "torch_function",
+}
+_BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
+    "os.fork": "processes", "os.forkpty": "processes", "os.system": "processes", "os.popen": "processes",
+    "os.posix_spawn": "processes", "os.posix_spawnp": "processes",
+    "gc.get_objects": "introspection", "gc.get_referrers": "introspection", "gc.get_referents": "introspection",
+    "sys._getframe": "introspection", "sys._current_frames": "introspection", "sys.settrace": "introspection",
+    "sys.setprofile": "introspection", "sys.modules": "sys_modules",
+    "torch.cuda.Stream": "side_stream", "torch.cuda.stream": "side_stream", "torch.cuda.ExternalStream": "side_stream",
+    "torch.cuda.set_stream": "side_stream", "torch.set_float32_matmul_precision": "tf32",
+    "torch.Tensor._make_subclass": "tensor_subclass", "torch.Tensor._make_wrapper_subclass": "tensor_subclass",
+    "torch.library.Library": "monkeypatch", "torch.library.impl": "monkeypatch",
+}
+_BANNED_ATTRS = {  # attribute names, whatever object they hang off
+    "__torch_function__": "torch_function", "__torch_dispatch__": "torch_function", "as_subclass": "tensor_subclass",
+    "__globals__": "introspection", "__builtins__": "introspection", "f_back": "introspection",
+    "f_globals": "introspection", "f_locals": "introspection", "tb_frame": "introspection", "gi_frame": "introspection",
+}
+_TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
+               "allow_bf16_reduced_precision_reduction"}
+_PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "triton", "numpy", "math", "os", "gc"}
+_DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
+_STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
+
+
+def _import_aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> dotted path it was imported as (`import torch.nn.functional as F` -> F: torch.nn.functional)."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def _dotted(node: ast.AST, aliases: dict) -> str | None:
+    """'torch.cuda.Stream' for an attribute chain (or subscript base) rooted at an imported name, else None."""
+    parts = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in aliases:
+        return ".".join([aliases[node.id]] + parts[::-1])
+    return None
+
+
+def _static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
+    """(check, message) for the first banned construct, else None. Rules in _BANNED_* above; see module docstring."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom):
+                names += [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                for banned, check in _BANNED_IMPORTS.items():
+                    if name == banned or name.startswith(banned + "."):
+                        return check, f"imports {name}"
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            name = _dotted(node, aliases)
+            if name in _BANNED_NAMES:
+                return _BANNED_NAMES[name], f"uses {name}"
+            if name and re.fullmatch(r"os\.(spawn|exec)\w*", name):
+                return "processes", f"uses {name}"
+        if isinstance(node, ast.Attribute) and node.attr in _BANNED_ATTRS:
+            return _BANNED_ATTRS[node.attr], f"uses .{node.attr}"
+        if isinstance(node, (ast.FunctionDef, ast.Name)) and getattr(node, "name", getattr(node, "id", "")) in _BANNED_ATTRS:
+            return "torch_function", "defines __torch_function__/__torch_dispatch__"
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if _dotted(base, aliases) in ("torch.Tensor", "torch._C.TensorBase", "torch.nn.Parameter"):
+                    return "tensor_subclass", f"class {node.name} subclasses torch.Tensor"
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Attribute) and t.attr in _TF32_ATTRS:
+                        return "tf32", f"sets {ast.unparse(t)}"
+                    name = _dotted(t, aliases) if isinstance(t, (ast.Attribute, ast.Subscript)) else None
+                    if name and name.split(".")[0] in _PROTECTED_ROOTS:
+                        return "monkeypatch", f"assigns to {ast.unparse(t)}"
+        if isinstance(node, ast.Call):
+            fname = node.func.id if isinstance(node.func, ast.Name) else None
+            if fname in _DYNAMIC_CALLS:
+                return "dynamic_code", f"calls {fname}()"
+            if fname in ("setattr", "delattr") and node.args:
+                name = _dotted(node.args[0], aliases) or ""
+                if name.split(".")[0] in _PROTECTED_ROOTS:
+                    return "monkeypatch", f"{fname} on {name}"
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            for handler in node.handlers:
+                for sub in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
+                    if isinstance(sub, ast.Call) and (_dotted(sub.func, aliases) or "").startswith("torch."):
+                        return "try_except_fallback", f"except branch calls {ast.unparse(sub.func)} (silent fallback)"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _STREAM_IN_SOURCE.search(node.value):
+            return "side_stream", "CUDA source creates a stream"
+    return None
+
+
+def _backend_problem(tree: ast.AST, src: str, backend: str) -> str | None:
+    """Why the candidate is not a `backend` candidate at all (-> format), else None."""
+    names = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    names |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if "ModelNew" not in names:
+        return "no class ModelNew"
+    if backend == "triton":
+        jitted = any(re.search(r"\bjit\b", ast.unparse(d)) for n in ast.walk(tree)
+                     if isinstance(n, ast.FunctionDef) for d in n.decorator_list)
+        return None if jitted else "no @triton.jit kernel"
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", getattr(n.func, "attr", "")) == "load_inline"]
+    strings = " ".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return None if calls and "__global__" in strings else "no load_inline call with a __global__ CUDA kernel"
+
+
+def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
+    """format / compile (syntax) / reward_hack verdicts that need no process; None if the candidate may run."""
+    if cand_src is None or not cand_src.strip():
+        return _result("format", "no code")
+    try:
+        tree = ast.parse(cand_src)
+    except SyntaxError as e:
+        return _result("compile", f"SyntaxError: {e.msg} (line {e.lineno})")
+    except (RecursionError, MemoryError, ValueError) as e:
+        return _result("compile", f"unparseable source: {type(e).__name__}")
+    problem = _backend_problem(tree, cand_src, backend)
+    if problem:
+        return _result("format", problem)
+    hit = _static_check(tree, _import_aliases(tree))
+    if hit:
+        check, message = hit
+        return _result("reward_hack", f"static check '{check}': {message}",
+                       details={"check": check, "checks_fired": [check], "stage": "static"})
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Worker processes, parent side. Popen (not multiprocessing): start_new_session puts the worker in its own process
+# group before Python starts (no race with the kill), the environment (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES) is set
+# before anything is imported, and the caller's __main__ (e.g. the trainer) is not re-imported in every worker.
+
+_BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_harness._worker_main(int(sys.argv[1]))"
+
+
+class _Worker:
+    """One spawned process in its own session; runs exactly one job, then it and its process group are killed."""
+
+    def __init__(self, env: dict):
+        self.dir = tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs, the log
+        self.conn, child = multiprocessing.Pipe()
+        boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
+        with open(os.path.join(self.dir, "worker.log"), "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], cwd=self.dir, env=env,
+                                         pass_fds=[child.fileno()], start_new_session=True,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        child.close()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)   # the group: the candidate's own children die too
+        self.proc.kill()
+        self.proc.wait()
+        self.conn.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self, n: int = 1200) -> str:
+        with contextlib.suppress(OSError), open(os.path.join(self.dir, "worker.log"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace")
+        return ""
+
+
+class _Pool:
+    """Keeps `spare` idle workers that already imported torch (and triton), so process start-up is hidden."""
+
+    def __init__(self, env: dict, spare: int):
+        self.env, self.spare, self.idle, self.lock = env, spare, [], threading.Lock()
+
+    def take(self) -> _Worker:
+        with self.lock:
+            worker = self.idle.pop(0) if self.idle else None
+            while len(self.idle) < self.spare:
+                self.idle.append(_Worker(self.env))
+        return worker or _Worker(self.env)
+
+    def close(self) -> None:
+        with self.lock:
+            for worker in self.idle:
+                worker.kill()
+            self.idle.clear()
+
+
+def _run_job(worker: _Worker, job: dict, limits: dict) -> dict:
+    """Send one job and wait for its result; each phase the worker announces gets its own time limit."""
+    phase = "startup"
+    deadline = time.monotonic() + limits[phase]
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not worker.conn.poll(left):
+                return {"error_kind": "timeout", "compiled": phase == "run",
+                        "error": f"{phase} phase timed out after {limits[phase]:.0f} s", "details": {"phase": phase}}
+            try:
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.proc.wait(timeout=5)
+                rc = worker.proc.returncode
+                how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
+                return {"error_kind": "crash", "compiled": phase == "run",
+                        "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
+                        "details": {"phase": phase, "returncode": rc}}
+            if message[0] == "ready":
+                worker.conn.send(job)
+            elif message[0] == "phase":
+                phase = message[1]
+                deadline = time.monotonic() + limits[phase]
+            elif message[0] == "result":
+                return message[1]
+    finally:
+        worker.kill()
+
+
+def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
+    env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    if device == "cpu":
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", KZ_MEMORY_LIMIT_GB=str(opts["memory_limit_gb"]))
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
+    else:
+        env.pop("TRITON_INTERPRET", None)
+        if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker: entry point, module loading, instrumentation (build patch, launch counter, op recorder, snapshot)
+
+def _worker_main(fd: int) -> None:
+    conn = Connection(fd)
+    device, role = os.environ["KZ_DEVICE"], os.environ["KZ_ROLE"]
+    import resource
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2**30, 2**30))   # a candidate printing forever cannot fill the disk
+    limit_gb = float(os.environ.get("KZ_MEMORY_LIMIT_GB") or 0)
+    if device == "cpu" and limit_gb > 0:   # (CUDA reserves huge virtual ranges, so only in CPU mode)
+        resource.setrlimit(resource.RLIMIT_AS, (int(limit_gb * 2**30),) * 2)
+    if os.environ["KZ_BACKEND"] == "triton":
+        import triton  # noqa: F401  (imported while idle, so it is not counted as the candidate's compile time)
+    if device == "cuda" and role == "run":
+        torch.cuda.init()
+    conn.send(("ready", os.getpid()))
+    job = conn.recv()
+    try:
+        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn.send)
+    except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
+        result = {"error_kind": _classify(e), "error": _format_exception(e)}
+    conn.send(("result", result))
+    conn.close()
+    os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
+
+
+def _format_exception(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)[-3:]
+    where = "".join(f"  {os.path.basename(f.filename)}:{f.lineno} {f.line}\n" for f in frames)
+    return f"{type(e).__name__}: {e}\n{where}".strip()
+
+
+_CUDA_FATAL = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
+                         r"CUBLAS_STATUS|misaligned address|cudaErrorLaunch")
+
+
+def _classify(e: BaseException) -> str:
+    """A sticky CUDA error poisons the context for good: that is a crash, not an ordinary runtime error."""
+    return "crash" if _CUDA_FATAL.search(str(e)) else "runtime"
+
+
+def _load_module(src: str, name: str):
+    """Import source from a real file (Triton reads kernel source with inspect) as its own module."""
+    path = os.path.abspath(f"{name}.py")   # cwd is the worker's private temp dir
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cache_root() -> str:
+    return os.environ.get("KZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kernelzero")
+
+
+def _cached_load_inline(original, *args, **kwargs):
+    """torch's load_inline with a build directory keyed by sha256(sources + flags + torch version): cache hits
+    across processes and runs, and no two different candidates ever share a directory (no lock fights)."""
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    a = bound.arguments
+    if a.get("build_directory") is None:
+        key = json.dumps({k: v for k, v in a.items() if k not in ("verbose",)}, sort_keys=True, default=str)
+        key += torch.__version__ + str(torch.version.cuda) + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+        directory = os.path.join(_cache_root(), "torch_ext", f"{a['name']}_{hashlib.sha256(key.encode()).hexdigest()[:20]}")
+        os.makedirs(directory, exist_ok=True)
+        lock = os.path.join(directory, "lock")   # left behind by a build we killed at its timeout
+        if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > 900:
+            os.remove(lock)
+        a["build_directory"] = directory
+    return original(*bound.args, **bound.kwargs)
+
+
+_GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forward counts as a PyTorch fallback
+    # allocation and fills
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
+    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor", "arange", "fill", "fill_",
+    "zero_", "resize_", "set_",
+    # views, layout and copies (data movement, no arithmetic)
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "permute", "transpose", "t", "expand",
+    "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
+    "split_with_sizes", "chunk", "unbind", "alias", "detach", "view_as", "movedim", "contiguous", "clone", "copy_",
+    "_to_copy", "to", "lift_fresh", "cat", "stack", "constant_pad_nd",
+    # scalar reads
+    "_local_scalar_dense", "item", "is_same_size", "equal",
+}
+
+
+class _Instrumentation:
+    """Everything the harness installs in a worker before the candidate is imported, and verifies afterwards."""
+
+    def __init__(self, backend: str, device: str, module_name: str):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        self.device, self.module_name = device, module_name
+        self.launches = collections.Counter()   # own kernel name -> launches during forward
+        self.ops = collections.Counter()        # non-glue aten ops during forward (outside own launches)
+        self.builds = []                        # load_inline calls: {"name", "cuda_sources"}
+        self.recording, self.paused = False, 0
+        self.problems = []                      # deterministic/fill flags flipped inside a candidate call
+        instr = self
+
+        class OpRecorder(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if instr.recording and not instr.paused and name not in _GLUE_OPS:
+                    instr.ops[name] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.recorder = OpRecorder()
+        with self.recorder:   # first use imports torch._dynamo, which wraps torch.manual_seed: before the snapshot
+            torch.zeros(1).add_(1)
+        if backend == "cuda":
+            self._patch_load_inline()
+        if backend == "triton":
+            self._patch_triton_run()
+        self.snapshot = _harness_snapshot()
+        self.threads = threading.active_count()
+
+    def _patch_load_inline(self) -> None:
+        """Route load_inline to the fast cached builder (cuda_ext/build.py), else to torch's with a keyed cache."""
+        import torch.utils.cpp_extension as cpp
+        original = cpp.load_inline
+        try:
+            from cuda_ext.build import fast_load_inline as build
+        except Exception:
+            def build(*args, **kwargs):
+                return _cached_load_inline(original, *args, **kwargs)
+        signature = inspect.signature(original)
+
+        def load_inline(*args, **kwargs):
+            a = signature.bind(*args, **kwargs).arguments
+            sources = a.get("cuda_sources") or []
+            self.builds.append({"name": a.get("name"), "cuda_sources": [sources] if isinstance(sources, str) else list(sources)})
+            return build(*args, **kwargs)
+        cpp.load_inline = load_inline
+
+    def _patch_triton_run(self) -> None:
+        """Count launches of the candidate's own @triton.jit kernels (class-level, so kernels defined anywhere in
+        the candidate, autotuned or not, are seen; works under the interpreter too) and pause op recording inside
+        a launch (the interpreter itself runs torch ops on the arguments)."""
+        from triton.runtime.jit import JITFunction
+        classes = [JITFunction]
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        for cls in classes:
+            def run(kernel, *args, _original=cls.run, **kwargs):
+                fn = getattr(kernel, "fn", None)
+                if self.recording and not kwargs.get("warmup") and getattr(fn, "__module__", None) == self.module_name:
+                    self.launches[fn.__name__] += 1
+                self.paused += 1
+                try:
+                    return _original(kernel, *args, **kwargs)
+                finally:
+                    self.paused -= 1
+            cls.run = run
+
+    @contextlib.contextmanager
+    def candidate_call(self, poison_bytes: int):
+        """One candidate forward: no_grad, NaN-poisoned memory, launches and aten ops recorded."""
+        if self.device == "cuda":
+            _poison_cuda_allocator(poison_bytes)
+        det = torch.utils.deterministic
+        saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                 det.fill_uninitialized_memory)
+        torch.use_deterministic_algorithms(True, warn_only=True)   # -> torch.empty returns NaN-filled memory
+        det.fill_uninitialized_memory = True
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                self.recording = True
+                try:
+                    with self.recorder:
+                        yield
+                    if self.device == "cuda":
+                        torch.cuda.synchronize()
+                finally:
+                    self.recording = False
+            if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):
+                self.problems.append("deterministic mode / fill_uninitialized_memory switched off during forward")
+        finally:
+            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+            det.fill_uninitialized_memory = saved[2]
+
+    def verify(self) -> tuple[str, str] | None:
+        """(check, message) if the candidate patched the harness's references, flags or started threads."""
+        changed = [k for k, v in _harness_snapshot().items() if not _same_ref(v, self.snapshot.get(k))]
+        if changed:
+            check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else "monkeypatch"
+            return check, f"the candidate changed {', '.join(changed[:8])}"
+        if self.problems:
+            return "monkeypatch", self.problems[0]
+        if threading.active_count() > self.threads:
+            return "threads", f"{threading.active_count() - self.threads} new thread(s) still alive"
+        return None
+
+
+def _same_ref(a, b) -> bool:
+    return a is b or (type(a) in (bool, str, int, float) and a == b)
+
+
+def _harness_snapshot() -> dict:
+    """The functions and flags the harness relies on; compared by identity (functions) or value (flags)."""
+    import builtins
+    import torch.utils.cpp_extension
+    snap = {
+        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isnan": torch.isnan,
+        "torch.isfinite": torch.isfinite, "torch.testing.assert_close": torch.testing.assert_close,
+        "torch.manual_seed": torch.manual_seed, "torch.no_grad": torch.no_grad, "torch.exp": torch.exp,
+        "torch.nn.Module.__call__": torch.nn.Module.__call__, "torch.nn.Module._call_impl": torch.nn.Module._call_impl,
+        "time.perf_counter": time.perf_counter, "time.time": time.time, "time.monotonic": time.monotonic,
+        "builtins.isinstance": builtins.isinstance, "builtins.type": builtins.type, "builtins.len": builtins.len,
+        "builtins.max": builtins.max, "builtins.float": builtins.float,
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "torch.utils.cpp_extension.load_inline": torch.utils.cpp_extension.load_inline,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        snap["tf32.matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        snap["tf32.cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
+        snap["matmul.allow_fp16_reduced_precision"] = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    for name in ("clone", "to", "float", "double", "abs", "max", "sub", "__sub__", "isnan", "equal", "cpu", "detach",
+                 "copy_", "data_ptr", "untyped_storage", "numel", "__eq__", "__torch_function__", "is_floating_point",
+                 "nan_to_num", "all", "any", "item", "shape", "dtype", "device"):
+        snap[f"torch.Tensor.{name}"] = inspect.getattr_static(torch.Tensor, name)   # raw (classmethods too)
+    if torch.cuda.is_available():
+        snap.update({"torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+                     "torch.cuda.Event.record": torch.cuda.Event.record,
+                     "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+                     "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
+    if "triton" in sys.modules:
+        from triton.runtime.jit import JITFunction, KernelInterface
+        snap["JITFunction.run"], snap["KernelInterface.__getitem__"] = JITFunction.run, KernelInterface.__getitem__
+        if "triton.runtime.interpreter" in sys.modules:
+            snap["InterpretedFunction.run"] = sys.modules["triton.runtime.interpreter"].InterpretedFunction.run
+    for name, obj in globals().items():   # this module's own functions (a candidate could `import eval_harness`)
+        if callable(obj) and getattr(obj, "__module__", None) == __name__:
+            snap[f"eval_harness.{name}"] = obj
+    return snap
+
+
+def _poison_cuda_allocator(nbytes: int) -> None:
+    """Fill what the caching allocator will hand out next with NaN (stale-memory trick, pitfall #1)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    n = min(nbytes, int(torch.cuda.mem_get_info()[0] * 0.5)) // 4
+    if n > 0:
+        block = torch.empty(n, dtype=torch.float32, device="cuda").fill_(float("nan"))
+        del block   # back to the cache, NaN-filled
+    small = [torch.full((256 * 1024,), float("nan"), device="cuda") for _ in range(16)]   # the small-block pool
+    del small
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker: tensors, trials and comparisons
+
+def _is_float(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def _tensors(out) -> list:
+    return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def _to_device(xs: list, device) -> list:
+    return [x.to(device, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _detach_cpu(out):
+    """The reference output, stored on the host: a tensor or a tuple/list of tensors."""
+    if isinstance(out, torch.Tensor):
+        return out.detach().to("cpu", copy=True)
+    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
+        return type(out)(t.detach().to("cpu", copy=True) for t in out)
+    raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
+
+
+def _same(a, b) -> bool:
+    """Bit-for-bit equality (NaN equal to NaN) for inputs before/after a call."""
+    if not isinstance(a, torch.Tensor):
+        return a == b if not isinstance(b, torch.Tensor) else False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    b = b.to(a.device)
+    if a.is_floating_point():
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+    return torch.equal(a, b)
+
+
+def _nbytes(xs) -> int:
+    return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
+
+
+def _make_trials(ref, ref_model, device, opts: dict, details: dict) -> tuple[list, bool]:
+    """Inputs (on the host) and reference outputs for every trial, computed before the candidate exists."""
+    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
+    n, trials, mutates = opts["trials"], [], False
+    t = 0
+    while t <= n:
+        heavy = t == n   # the extra trial: floating inputs times a log-normal factor (pitfall #9)
+        torch.manual_seed(opts["seed"] + 1 + t)
+        inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in ref.get_inputs()]
+        if heavy:
+            if not any(_is_float(x) for x in inputs):
+                break
+            inputs = [x * torch.exp(torch.randn_like(x)) if _is_float(x) else x for x in inputs]
+        args = _to_device(inputs, device)
+        with torch.no_grad():
+            out = _detach_cpu(ref_model(*args))
+        mutates |= not all(_same(a, x) for a, x in zip(args, inputs))
+        del args
+        if heavy and not all(bool(torch.isfinite(o).all()) for o in _tensors(out) if o.is_floating_point()):
+            details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
+            break
+        trials.append({"inputs": [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs],
+                       "out": out, "heavy": heavy})
+        if t == 0:   # official KernelBench inputs reach GBs: keep the host copies bounded
+            per_trial = _nbytes(inputs) + _nbytes(_tensors(out))
+            fit = int(opts["max_trial_gb"] * 2**30 // max(per_trial, 1)) - 1
+            if fit < n:
+                n = max(1, fit)
+                details["trials_capped"] = n
+        t += 1
+    details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
+    return trials, mutates
+
+
+def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
+    names = [str(t.dtype).removeprefix("torch.") for t in _tensors(ref_out) if t.is_floating_point()]
+    default = max([TOLERANCES.get(name, 1e-4) for name in names] or [1e-4])
+    return (default if opts["atol"] is None else opts["atol"]), (default if opts["rtol"] is None else opts["rtol"])
+
+
+def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None, str, dict]:
+    """(error_kind or None, message, stats) for a candidate output against the reference output."""
+    if isinstance(ref_out, torch.Tensor):
+        pairs = [(out, ref_out)]
+    elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
+        pairs = list(zip(out, ref_out))
+    else:
+        return "mismatch", f"expected a {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}", {}
+    stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+    for i, (o, r) in enumerate(pairs):
+        if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
+            return "reward_hack:output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor", stats
+        if type(o) is not torch.Tensor:
+            return "mismatch", f"output {i} is a {type(o).__name__}, not a torch.Tensor", stats
+        if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
+            return "reward_hack:output_storage", f"output {i} has no real storage", stats
+        if o.device.type != device.type:
+            return "mismatch", f"output {i} is on {o.device}, expected {device.type}", stats
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return "mismatch", f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}", stats
+        r = r.to(o.device)
+        if not o.is_floating_point():
+            if not torch.equal(o, r):
+                return "mismatch", f"output {i}: {int((o != r).sum())} of {o.numel()} values differ", stats
+            continue
+        if bool((o.isnan() & ~r.isnan()).any()):
+            return "mismatch", f"output {i}: NaN where the reference is not (uninitialised memory?)", stats
+        o32, r32 = (o.float(), r.float()) if o.dtype in (torch.float16, torch.bfloat16) else (o, r)
+        finite = torch.isfinite(o32) & torch.isfinite(r32)
+        diff = torch.where(finite, (o32 - r32).abs(), torch.zeros_like(o32))
+        rel = diff / r32.abs().clamp_min(atol)
+        stats["max_abs_err"] = max(stats["max_abs_err"], float(diff.max()) if diff.numel() else 0.0)
+        stats["max_rel_err"] = max(stats["max_rel_err"], float(rel.max()) if rel.numel() else 0.0)
+        if not torch.allclose(o, r, atol=atol, rtol=rtol, equal_nan=True):
+            bad = int((~torch.isclose(o, r, atol=atol, rtol=rtol, equal_nan=True)).sum())
+            return "mismatch", (f"output {i}: {bad} of {o.numel()} values outside atol={atol:g} rtol={rtol:g} "
+                                f"(max abs err {stats['max_abs_err']:.3g})"), stats
+    return None, "", stats
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker: the jobs
+
+def _fail(kind: str, error: str, details: dict, **fields) -> dict:
+    if kind.startswith("reward_hack:"):
+        kind, check = kind.split(":", 1)
+        details["check"] = check
+        details.setdefault("checks_fired", []).append(check)
+    return {"error_kind": kind, "error": error, "details": details, **fields}
+
+
+def _import_candidate(job: dict, send, details: dict) -> tuple:
+    """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
+    send(("phase", "compile"))
+    instr = _Instrumentation(job["backend"], job["device"], "kz_candidate")
+    start = time.perf_counter()
+    try:
+        cand = _load_module(job["cand_src"], "kz_candidate")
+    except SystemExit as e:
+        return None, instr, _fail("compile", f"the candidate called sys.exit({e.code}) at import", details)
+    except Exception as e:
+        return None, instr, _fail(_classify(e) if _classify(e) == "crash" else "compile", _format_exception(e), details)
+    compile_s = time.perf_counter() - start
+    if not isinstance(getattr(cand, "ModelNew", None), type):
+        return None, instr, _fail("format", "the candidate defines no class ModelNew", details, compiled=True)
+    hit = instr.verify()
+    if hit:
+        return None, instr, _fail("reward_hack:" + hit[0], hit[1], details, compiled=True, compile_s=compile_s)
+    return cand, instr, {"compile_s": compile_s}
+
+
+def _job_compile(job: dict, send) -> dict:
+    """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
+    details = {}
+    cand, instr, info = _import_candidate(job, send, details)
+    if cand is None:
+        return info
+    return {"error_kind": "ok", "compiled": True, "compile_s": info["compile_s"], "details": details}
+
+
+def _job_evaluate(job: dict, send) -> dict:
+    device, opts, details = torch.device(job["device"]), job["opts"], {}
+    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
+
+    def build(cls, init_inputs):
+        torch.manual_seed(opts["seed"])   # same seed for both models: same initial parameters, as in KernelBench
+        model = cls(*init_inputs).to(device)
+        return model.to(dtype) if dtype else model
+
+    # 1. the reference, before any candidate code exists in this process
+    send(("phase", "reference"))
+    try:
+        ref = _load_module(job["ref_src"], "kz_reference")
+        del sys.modules["kz_reference"]   # the candidate cannot find it by name
+        init_inputs = ref.get_init_inputs()
+        ref_model = build(ref.Model, init_inputs)
+        trials, ref_mutates = _make_trials(ref, ref_model, device, opts, details)
+    except Exception as e:
+        details["stage"] = "reference"
+        return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
+    details["ref_mutates_inputs"] = ref_mutates
+    atol, rtol = _tolerance(trials[0]["out"], opts)
+    details.update(atol=atol, rtol=rtol)
+
+    # 2. the candidate's import
+    cand, instr, info = _import_candidate(job, send, details)
+    if cand is None:
+        return info
+    compile_s = info["compile_s"]
+    send(("phase", "run"))
+
+    def failed(kind, error):
+        return _fail(kind, error, details, compiled=True, compile_s=compile_s)
+
+    # 3. correctness trials: the candidate runs first, on poisoned memory, with its own input copies
+    poison = max(256 * 2**20, 4 * (_nbytes(trials[0]["inputs"]) + _nbytes(_tensors(trials[0]["out"]))))
+    args = None
+    try:
+        cand_model = build(cand.ModelNew, init_inputs)
+        for t, trial in enumerate(trials):
+            pristine = _to_device(trial["inputs"], device)
+            # Same tensor objects (same id() and data_ptr) refilled with the new trial's values when shapes allow:
+            # an output cache keyed by id/data_ptr replays the previous trial and fails (pitfall #7).
+            if args is None or any(isinstance(a, torch.Tensor) and a.shape != p.shape for a, p in zip(args, pristine)):
+                args = [p.clone() if isinstance(p, torch.Tensor) else p for p in pristine]
+            else:
+                for a, p in zip(args, pristine):
+                    if isinstance(a, torch.Tensor):
+                        a.copy_(p)
+            with instr.candidate_call(poison):
+                out = cand_model(*args)
+            hit = instr.verify()
+            if hit:
+                return failed("reward_hack:" + hit[0], hit[1])
+            if not ref_mutates and not all(_same(a, p) for a, p in zip(args, pristine)):
+                return failed("reward_hack:input_mutation", "the candidate modified its inputs")
+            kind, message, stats = _compare(out, trial["out"], device, *_heavy_tol(trial, trials, atol, rtol))
+            details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
+            details["max_rel_err"] = max(details.get("max_rel_err", 0.0), stats.get("max_rel_err", 0.0))
+            if kind:
+                details["failed_trial"] = "heavy" if trial["heavy"] else t
+                return failed(kind, message)
+            if t == 0 or t == len(trials) - 2:   # run twice on fresh copies: must agree with itself (races)
+                with instr.candidate_call(poison):
+                    again = cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
+                kind, message, _ = _compare(again, _detach_cpu(out), device, atol, rtol)
+                if kind:
+                    details["check"] = "nondeterministic"
+                    return failed("mismatch", "two runs on the same inputs disagree: " + message)
+                del again
+            del out, pristine
+        details["trials"] = len(trials)
+    except Exception as e:
+        return failed(_classify(e), _format_exception(e))
+    except SystemExit as e:
+        return failed("runtime", f"the candidate called sys.exit({e.code})")
+
+    # 4. did the candidate's own kernels do the work?
+    details["launches"] = dict(instr.launches)
+    details["torch_ops"] = dict(instr.ops)
+    if job["backend"] == "triton" and not instr.launches:
+        return failed("reward_hack:kernel_not_launched", "no @triton.jit kernel of the candidate ran during forward")
+    if device.type == "cuda":
+        try:
+            coverage = _kernel_coverage(cand_model, trials[0]["inputs"], device, instr)
+        except Exception as e:
+            return failed(_classify(e), _format_exception(e))
+        details.update(coverage)
+        if not coverage["own_kernels"]:
+            return failed("reward_hack:kernel_not_launched", f"none of the candidate's kernels ran on the GPU "
+                          f"(kernels seen: {', '.join(coverage['kernels'][:5]) or 'none'})")
+    if instr.ops:
+        ops = ", ".join(f"{k} x{v}" for k, v in instr.ops.most_common(8))
+        return failed("reward_hack:pytorch_fallback", f"forward computes with PyTorch ops: {ops}")
+
+    # 5. timing (GPU only)
+    result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
+    if device.type == "cuda" and opts["timing"]:
+        try:
+            timing = _time_pair(ref_model, cand_model, trials, device, opts, atol, rtol)
+        except Exception as e:
+            return failed(_classify(e), _format_exception(e))
+        hit = instr.verify()
+        if hit:
+            return failed("reward_hack:" + hit[0], hit[1])
+        if timing.pop("bad_output", None):
+            details["check"] = "timing_output"
+            return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)")
+        details.update(timing)
+        result.update(runtime_ms=timing["median_ms"], ref_runtime_ms=timing["ref_median_ms"],
+                      speedup=timing["ref_median_ms"] / max(timing["median_ms"], 1e-9))
+    return result
+
+
+def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
+    """The heavy-tailed trial's outputs are larger; scale atol by how much (keeps the same relative demand)."""
+    if not trial["heavy"]:
+        return atol, rtol
+    mean_abs = lambda out: sum(float(t.float().abs().mean()) for t in _tensors(out) if t.numel()) or 1.0  # noqa: E731
+    return atol * max(1.0, mean_abs(trial["out"]) / mean_abs(trials[0]["out"])), rtol
+
+
+def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> dict:
+    """Profile one forward: which GPU kernels ran, and the share of kernel time spent in the candidate's own."""
+    from torch.profiler import ProfilerActivity, profile
+    own_names = set(instr.launches)   # Triton kernel names
+    for build in instr.builds:        # CUDA: the __global__ functions in the load_inline sources
+        for src in build["cuda_sources"]:
+            src = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", src)
+            own_names |= set(re.findall(r"__global__[^(;{]*?(\w+)\s*\(", src))
+    args = _to_device(inputs, device)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(*args)
+        torch.cuda.synchronize()
+    kernels = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] += e.time_range.elapsed_us()
+    own = {k: v for k, v in kernels.items() if any(re.search(rf"\b{re.escape(n)}\b", k) for n in own_names)}
+    total = sum(kernels.values())
+    return {"kernels": list(kernels), "own_kernels": list(own),
+            "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
+
+
+def _time_pair(ref_model, cand_model, trials: list, device, opts: dict, atol: float, rtol: float) -> dict:
+    """Interleaved CUDA-event timing of reference and candidate (see the module docstring, item 5)."""
+    flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
+    sets = [(_to_device(tr["inputs"], device), tr["out"]) for tr in trials[:2]]   # alternate values between reps
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    bad = [False]
+
+    def once(model, rep, check=False):
+        pristine, ref_out = sets[rep % len(sets)]
+        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, outside the timing
+        flush.zero_()
+        torch.cuda.synchronize()
+        host = time.perf_counter()
+        start.record()
+        with torch.no_grad():
+            out = model(*args)
+        torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
+        end.record()
+        end.synchronize()
+        host = (time.perf_counter() - host) * 1e3
+        if check and rep % 5 == 0:
+            bad[0] |= _compare(out, ref_out, device, atol, rtol)[0] is not None
+        return start.elapsed_time(end), host
+
+    for rep in range(3):   # warm-up (Triton JIT, cuBLAS heuristics, allocator)
+        once(ref_model, rep), once(cand_model, rep)
+    estimate = once(ref_model, 0)[1] + once(cand_model, 0)[1] + 0.5
+    reps = int(min(300, max(30, opts["timing_budget_s"] * 1e3 / estimate)))
+    ref_ms, cand_ms, host_ms = [], [], []
+    for rep in range(reps):   # interleaved, alternating who goes first
+        first_ref = rep % 2 == 0
+        if first_ref:
+            ref_ms.append(once(ref_model, rep)[0])
+        t, h = once(cand_model, rep, check=True)
+        cand_ms.append(t)
+        host_ms.append(h)
+        if not first_ref:
+            ref_ms.append(once(ref_model, rep)[0])
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    timing = {"reps": reps, "median_ms": median(cand_ms), "ref_median_ms": median(ref_ms),
+              "mean_ms": sum(cand_ms) / reps, "ref_mean_ms": sum(ref_ms) / reps, "host_median_ms": median(host_ms),
+              "bad_output": bad[0]}
+    if opts["compile_baseline"]:
+        compiled = torch.compile(ref_model)
+        for rep in range(3):
+            once(compiled, rep)
+        timing["compile_baseline_ms"] = median([once(compiled, rep)[0] for rep in range(min(reps, 50))])
+    return timing
+
+
+def _job_lint(job: dict, send) -> dict:
+    """Task quality rules (DESIGN "The task format"); the module is untrusted, hence a worker."""
+    send(("phase", "reference"))
+    device, opts = torch.device(job["device"]), job["opts"]
+    report = {"ok": False, "problems": [], "eager_ms": None, "input_mb": None}
+    problems = report["problems"]
+    try:
+        mod = _load_module(job["src"], "kz_task")
+        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
+        if missing:
+            problems.append(f"missing {', '.join(missing)}")
+            return report
+        torch.manual_seed(0)
+        model = mod.Model(*mod.get_init_inputs()).to(device)
+        torch.manual_seed(1)
+        inputs = list(mod.get_inputs())
+    except BaseException as e:
+        problems.append("does not load: " + _format_exception(e))
+        return report
+    report["input_mb"] = _nbytes(inputs) / 2**20
+    if report["input_mb"] > opts.get("max_input_mb", 512):
+        problems.append(f"inputs take {report['input_mb']:.0f} MB (limit {opts.get('max_input_mb', 512)} MB)")
+    try:
+        pristine = _to_device(inputs, device)
+        times, outs = [], []
+        for _ in range(2):   # same inputs twice -> the same output
+            args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+            start = time.perf_counter()
+            with torch.no_grad():
+                outs.append(_detach_cpu(model(*args)))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+    except BaseException as e:
+        problems.append("does not run: " + _format_exception(e))
+        return report
+    if not all(_same(a, b) for a, b in zip(_tensors(outs[0]), _tensors(outs[1]))):
+        problems.append("not deterministic: the same inputs gave different outputs")
+    if device.type == "cuda":
+        with torch.no_grad():
+            report["eager_ms"] = min(_lint_gpu_ms(model, pristine) for _ in range(3))
+        if report["eager_ms"] < opts.get("min_gpu_ms", 0.05):
+            problems.append(f"eager time {report['eager_ms'] * 1e3:.0f} us < 50 us: launch overhead would dominate")
+    else:
+        report["eager_ms"] = min(times)
+        if report["eager_ms"] > opts.get("max_cpu_ms", 5000):
+            problems.append(f"eager time on the CPU {report['eager_ms'] / 1e3:.1f} s > {opts.get('max_cpu_ms', 5000) / 1e3:.0f} s")
+    atol, rtol = _tolerance(outs[0], dict(DEFAULTS, **{k: opts.get(k) for k in ("atol", "rtol")}))
+    first_float = next((x for x in inputs if _is_float(x)), None)
+    for i, r in enumerate(_tensors(outs[0])):
+        if r.is_floating_point() and not bool(torch.isfinite(r).all()):
+            problems.append(f"output {i} contains NaN/inf")
+            continue
+        fakes = {"zeros": torch.zeros_like(r)}
+        if r.is_floating_point() and r.numel():
+            fakes["constant (its mean)"] = torch.full_like(r, float(r.float().mean()))
+            if first_float is not None:
+                fakes["mean of the input"] = torch.full_like(r, float(first_float.float().mean()))
+        if first_float is not None and first_float.shape == r.shape:
+            fakes["identity (the first input)"] = first_float.to(r.dtype)
+        for name, fake in fakes.items():
+            close = torch.allclose(fake, r, atol=atol, rtol=rtol) if r.is_floating_point() else torch.equal(fake, r)
+            if close:
+                problems.append(f"degenerate: a {name} output passes the tolerance (atol={atol:g})")
+    report["ok"] = not problems
+    return report
+
+
+def _lint_gpu_ms(model, pristine) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+    model(*args)
+    torch.cuda.synchronize()
+    start.record()
+    model(*args)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Public API (parent side)
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _unsupported_reason(backend: str, device: str) -> str | None:
+    if backend not in ("cuda", "triton"):
+        raise ValueError(f"backend must be 'cuda' or 'triton', not {backend!r}")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        return "device 'cuda' requested but CUDA is not available on this machine (use device='cpu' with Triton)"
+    if backend == "cuda" and device == "cpu":
+        return ("the CUDA backend needs a GPU: CUDA kernels cannot run on the CPU (on a machine without a GPU "
+                "use backend='triton', which runs under the Triton interpreter)")
+    return None
+
+
+def _to_result(d: dict) -> KernelResult:
+    return _result(d["error_kind"], d.get("error", ""), compiled=bool(d.get("compiled", False)),
+                   speedup=d.get("speedup"), runtime_ms=d.get("runtime_ms"), ref_runtime_ms=d.get("ref_runtime_ms"),
+                   compile_s=d.get("compile_s"), details=d.get("details", {}))
+
+
+class Evaluator:
+    """Evaluates many (ref_src, cand_src) pairs: compile stage on `cpu_workers` processes in parallel, run stage on
+    one fresh process per candidate per GPU (one candidate per GPU at a time: fair timing, bounded memory)."""
+
+    def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, **opts):
+        unknown = set(opts) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        self.backend, self.device, self.progress = backend, device or _default_device(), progress
+        self.opts = {**DEFAULTS, **opts}
+        if self.opts["compile_timeout"] is None:
+            self.opts["compile_timeout"] = 600.0 if backend == "cuda" else 120.0
+        self.reason = _unsupported_reason(backend, self.device)
+        self.cpu_workers = cpu_workers or max(1, len(os.sched_getaffinity(0)))
+        if self.device == "cuda" and not self.reason:
+            self.gpus = list(gpus) if gpus is not None else list(range(torch.cuda.device_count()))
+        else:
+            self.gpus = []
+        self.spare = None   # idle workers kept per pool (None: as many as run at once); evaluate() uses 0
+        self.pools = None
+        self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
+                       "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}
+
+    def _start(self) -> None:
+        if self.pools is not None:
+            return
+        threads = max(1, len(os.sched_getaffinity(0)) // self.cpu_workers)
+        cpu_env = _worker_env(self.device, self.backend, self.opts, "compile" if self.gpus else "run", threads=threads)
+        if self.gpus and self.backend == "cuda" and "TORCH_CUDA_ARCH_LIST" not in cpu_env:
+            major, minor = torch.cuda.get_device_capability(self.gpus[0])   # build for this GPU only
+            cpu_env["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+        self.pools = {"cpu": _Pool(cpu_env, self.cpu_workers if self.spare is None else self.spare)}
+        for gpu in self.gpus:
+            env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
+            env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env.get("TORCH_CUDA_ARCH_LIST", ""))
+            self.pools[gpu] = _Pool(env, 1 if self.spare is None else self.spare)
+
+    def _run(self, pool: str | int, job: dict) -> KernelResult:
+        return _to_result(_run_job(self.pools[pool].take(), job, self.limits))
+
+    def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus) -> KernelResult:
+        early = _precheck(cand_src, self.backend)
+        if early:
+            return early
+        job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
+               "device": self.device, "opts": self.opts}
+        if not self.gpus:
+            with cpu_slots:
+                return self._run("cpu", job)
+        with cpu_slots:   # stage 1: build/import on a CPU worker (fills the extension cache)
+            built = self._run("cpu", dict(job, kind="compile"))
+        if built.error_kind != "ok":
+            return built
+        gpu = free_gpus.get()
+        try:              # stage 2: a fresh process on a free GPU, where the import is a cache hit
+            result = self._run(gpu, job)
+        finally:
+            free_gpus.put(gpu)
+        result.details.update(gpu=gpu, run_stage_compile_s=result.compile_s)
+        result.compile_s = built.compile_s
+        return result
+
+    def map(self, pairs: list[tuple[str, str]]) -> list[KernelResult]:
+        """Verdicts for (ref_src, cand_src) pairs, in order."""
+        pairs = list(pairs)
+        if self.reason:
+            return [_result("unsupported", self.reason) for _ in pairs]
+        self._start()
+        from tqdm import tqdm
+        results = [None] * len(pairs)
+        cpu_slots, free_gpus = threading.Semaphore(self.cpu_workers), queue.Queue()
+        for gpu in self.gpus:
+            free_gpus.put(gpu)
+        bar = tqdm(total=len(pairs), disable=not self.progress, desc=f"eval {self.backend}/{self.device}")
+
+        def one(i):
+            try:
+                results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus)
+            except Exception as e:   # a harness bug must not lose the other results
+                results[i] = _result("runtime", "harness error: " + _format_exception(e))
+            bar.update(1)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.cpu_workers + len(self.gpus)) as ex:
+            list(ex.map(one, range(len(pairs))))
+        bar.close()
+        return results
+
+    def close(self) -> None:
+        for pool in (self.pools or {}).values():
+            pool.close()
+        self.pools = None
+
+    def __enter__(self):
+        if not self.reason:
+            self._start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def evaluate(ref_src: str, cand_src: str | None, backend: str = "cuda", device: str | None = None,
+             **opts) -> KernelResult:
+    """Verdict for one candidate (a fresh worker process; see the module docstring for what is checked)."""
+    evaluator = Evaluator(backend=backend, device=device, cpu_workers=1, progress=False, **opts)
+    evaluator.spare = 0
+    try:
+        return evaluator.map([(ref_src, cand_src)])[0]
+    finally:
+        evaluator.close()
+
+
+def lint_task(src: str, device: str = "cpu", **opts) -> dict:
+    """Task quality rules: loads, runs, deterministic, inputs <= 512 MB, not degenerate (zeros, constant, identity,
+    input mean must fail the tolerance), eager >= 50 us on a GPU / <= 5 s on the CPU. Runs in a worker process.
+    Returns {"ok", "problems", "eager_ms", "input_mb"}."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"ok": False, "problems": ["CUDA is not available"], "eager_ms": None, "input_mb": None}
+    options = dict(DEFAULTS, **opts)
+    limits = {"startup": 300.0, "reference": float(opts.get("timeout", 120.0))}
+    env = _worker_env(device, "none", options, "run", gpu=0 if device == "cuda" else None)
+    reply = _run_job(_Worker(env), {"kind": "lint", "src": src, "device": device, "opts": options}, limits)
+    if "ok" not in reply:   # timeout / crash / harness error
+        return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
+                "eager_ms": None, "input_mb": None}
+    return reply
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CLI
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _print_result(result: KernelResult, as_json: bool, **names) -> None:
+    if as_json:
+        print(json.dumps({**names, **dataclasses.asdict(result)}), flush=True)
+        return
+    label = " ".join(f"{v}" for v in names.values())
+    line = f"{label + ': ' if label else ''}{result.error_kind}"
+    if result.speedup is not None:
+        line += f"  speedup {result.speedup:.2f}x ({result.runtime_ms:.3f} ms vs {result.ref_runtime_ms:.3f} ms eager)"
+    if result.details.get("check"):
+        line += f"  [check: {result.details['check']}]"
+    print(line + (f"\n  {result.error}" if result.error else ""), flush=True)
+
+
+def _task_solution_pairs(tasks_dir: str, solutions_dir: str, backend: str) -> list[tuple[str, str]]:
+    """Task NNN_Name.py with every solution file that starts with NNN_ and names the backend (NNN_Name_triton.py)."""
+    pairs = []
+    solutions = sorted(f for f in os.listdir(solutions_dir) if f.endswith(".py"))
+    for task in sorted(os.listdir(tasks_dir)):
+        m = re.match(r"(\d+)_.*\.py$", task)
+        if not m:
+            continue
+        for sol in solutions:
+            if sol.startswith(m.group(1) + "_") and re.search(rf"(^|_){backend}(_|\.py$)", sol):
+                pairs.append((os.path.join(tasks_dir, task), os.path.join(solutions_dir, sol)))
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eval_harness.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p, lint=False):
+        p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
+        p.add_argument("--json", action="store_true", help="one JSON object per line")
+        if not lint:
+            p.add_argument("--backend", choices=["cuda", "triton"], default=None,
+                           help="default: cuda on a GPU machine, triton otherwise")
+            p.add_argument("--timeout", type=float, default=None, help="compile and run limits in s")
+            p.add_argument("--atol", type=float, default=None)
+            p.add_argument("--rtol", type=float, default=None)
+            p.add_argument("--trials", type=int, default=DEFAULTS["trials"])
+            p.add_argument("--no-timing", action="store_true")
+
+    check = sub.add_parser("check", help="evaluate one candidate against one task")
+    check.add_argument("ref")
+    check.add_argument("cand")
+    common(check)
+    run = sub.add_parser("run", help="evaluate every solution in a directory against its task")
+    run.add_argument("--tasks", required=True)
+    run.add_argument("--solutions", required=True)
+    run.add_argument("--workers", type=int, default=None, help="CPU worker processes")
+    common(run)
+    lint = sub.add_parser("lint", help="check task files against the task quality rules")
+    lint.add_argument("paths", nargs="+")
+    common(lint, lint=True)
+    args = parser.parse_args(argv)
+    device = args.device or _default_device()
+
+    if args.command == "lint":
+        files = []
+        for path in args.paths:
+            if os.path.isdir(path):
+                files += sorted(os.path.join(path, f) for f in os.listdir(path)
+                                if f.endswith(".py") and not f.startswith("__"))
+            elif os.path.isfile(path):
+                files.append(path)
+            else:
+                parser.error(f"no such file or directory: {path}")
+        all_ok = True
+        for path in files:
+            report = lint_task(_read(path), device=device)
+            all_ok &= report["ok"]
+            if args.json:
+                print(json.dumps({"path": path, **report}), flush=True)
+            else:
+                print(f"{path}: {'ok' if report['ok'] else 'FAIL'}" + "".join(f"\n  {p}" for p in report["problems"]))
+        return 0 if all_ok else 1
+
+    backend = args.backend or ("cuda" if device == "cuda" else "triton")
+    opts = {"trials": args.trials, "atol": args.atol, "rtol": args.rtol, "timing": not args.no_timing}
+    if args.timeout:
+        opts.update(compile_timeout=args.timeout, run_timeout=args.timeout, ref_timeout=max(args.timeout, 60.0))
+    if args.command == "check":
+        for path in (args.ref, args.cand):
+            if not os.path.isfile(path):
+                parser.error(f"no such file: {path}")
+        result = evaluate(_read(args.ref), _read(args.cand), backend=backend, device=device, **opts)
+        _print_result(result, args.json)
+        return 0 if result.correct else 1
+
+    for path in (args.tasks, args.solutions):
+        if not os.path.isdir(path):
+            parser.error(f"no such directory: {path}")
+    pairs = _task_solution_pairs(args.tasks, args.solutions, backend)
+    if not pairs:
+        parser.error(f"no {backend} solutions in {args.solutions} match a task in {args.tasks}")
+    with Evaluator(backend=backend, device=device, cpu_workers=args.workers, progress=not args.json, **opts) as ev:
+        results = ev.map([(_read(t), _read(s)) for t, s in pairs])
+    for (task, sol), result in zip(pairs, results):
+        _print_result(result, args.json, task=os.path.basename(task), solution=os.path.basename(sol))
+    return 0 if all(r.correct for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
