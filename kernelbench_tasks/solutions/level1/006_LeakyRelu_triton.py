@@ -1,8 +1,8 @@
 """Triton solution for level1/006_LeakyRelu: LeakyReLU.
 
-One elementwise kernel: each program loads BLOCK contiguous elements, applies x if x > 0 else slope * x in fp32 registers and stores
-them. On the GPU BLOCK=1024 (4 warps, 8 elements per thread); under the CPU interpreter the cost grows with the
-number of programs, so forward() picks a 16384-element block there.
+One elementwise kernel: each program loads BLOCK contiguous elements, applies x if x > 0 else slope * x in fp32
+registers and stores them. On the GPU BLOCK=1024 (4 warps, 8 elements per thread); under the CPU interpreter the
+cost grows with the number of programs, so forward() picks a 16384-element block there.
 """
 import torch
 import torch.nn as nn

@@ -1,8 +1,8 @@
 """Triton solution for level1/007_Softplus: Softplus (beta=1, threshold=20).
 
-One elementwise kernel: each program loads BLOCK contiguous elements, applies log(1 + exp(x)) in fp32 registers and stores
-them. On the GPU BLOCK=1024 (4 warps, 8 elements per thread); under the CPU interpreter the cost grows with the
-number of programs, so forward() picks a 16384-element block there.
+One elementwise kernel: each program loads BLOCK contiguous elements, applies log(1 + exp(x)) in fp32 registers and
+stores them. On the GPU BLOCK=1024 (4 warps, 8 elements per thread); under the CPU interpreter the cost grows with
+the number of programs, so forward() picks a 16384-element block there.
 """
 import torch
 import torch.nn as nn

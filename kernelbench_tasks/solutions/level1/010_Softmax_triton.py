@@ -1,10 +1,10 @@
 """Triton solution for level1/010_Softmax: torch.softmax(x, dim=-1).
 
-One pass over HBM: each program loads ROWS whole rows into registers as a (ROWS, BLOCK_N) tile, computes
-exp(x - max) / sum(exp(x - max)) in fp32 and writes the rows back. Subtracting the row maximum first keeps exp() from overflowing
-(the standard safe softmax). Padding lanes load -inf, so they add exp(-inf) = 0 to the sums.
-On the GPU ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64 (its cost grows with the
-number of programs).
+One pass over HBM: each program loads ROWS whole rows into registers as a (ROWS, BLOCK_N) tile, computes exp(x -
+max) / sum(exp(x - max)) in fp32 and writes the rows back. Subtracting the row maximum first keeps exp() from
+overflowing (the standard safe softmax). Padding lanes load -inf, so they add exp(-inf) = 0 to the sums. On the GPU
+ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64 (its cost grows with the number of
+programs).
 """
 import torch
 import torch.nn as nn

@@ -1,10 +1,10 @@
 """Triton solution for level1/012_LayerNorm: nn.LayerNorm over the last dimension (weight and bias, eps 1e-5).
 
 Each program holds ROWS whole rows in registers as a (ROWS, BLOCK_N) tile and normalises them with the two-pass
-formula: mean first, then the biased variance of (x - mean). The one-pass E[x^2] - E[x]^2 loses digits when the
-mean is large compared with the spread. The module keeps an nn.LayerNorm only as the holder of its weight and bias
-(same names and initialisation as the reference); forward never calls it.
-On the GPU ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64.
+formula: mean first, then the biased variance of (x - mean). The one-pass E[x^2] - E[x]^2 loses digits when the mean
+is large compared with the spread. The module keeps an nn.LayerNorm only as the holder of its weight and bias (same
+names and initialisation as the reference); forward never calls it. On the GPU ROWS = 1 (one program per row, 8
+warps); under the CPU interpreter ROWS = 64.
 """
 import torch
 import torch.nn as nn

@@ -1,7 +1,7 @@
 """Triton solution for level1/013_RMSNorm: y = x / sqrt(mean(x^2, dim=-1) + eps).
 
-Each program holds ROWS whole rows in registers as a (ROWS, BLOCK_N) tile: one read, one write per element.
-On the GPU ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64.
+Each program holds ROWS whole rows in registers as a (ROWS, BLOCK_N) tile: one read, one write per element. On the
+GPU ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64.
 """
 import torch
 import torch.nn as nn

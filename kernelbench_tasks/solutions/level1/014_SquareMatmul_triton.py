@@ -2,11 +2,10 @@
 
 The classic tiled GEMM (Triton tutorial 03): each program computes a BLOCK_M x BLOCK_N tile of C, walking K in
 BLOCK_K steps and accumulating in fp32 registers. Programs are grouped GROUP_M tiles tall so that neighbouring
-programs reuse the same B columns from L2.
-tl.dot(..., input_precision="ieee"): by default tl.dot rounds fp32 inputs to TF32 (10-bit mantissa, ~1e-3 relative
-error), which fails the fp32 tolerance of 1e-4 on the GPU; the CPU interpreter computes exactly either way, so only
-a GPU run catches this.
-Tiles: 128 x 128 x 32 with 8 warps on the GPU; 512 x 512 x 512 under the interpreter (16 programs, 4 K steps).
+programs reuse the same B columns from L2. tl.dot(..., input_precision="ieee"): by default tl.dot rounds fp32 inputs
+to TF32 (10-bit mantissa, ~1e-3 relative error), which fails the fp32 tolerance of 1e-4 on the GPU; the CPU
+interpreter computes exactly either way, so only a GPU run catches this. Tiles: 128 x 128 x 32 with 8 warps on the
+GPU; 512 x 512 x 512 under the interpreter (16 programs, 4 K steps).
 """
 import torch
 import torch.nn as nn

@@ -1,11 +1,11 @@
 """Triton solution for level1/015_CumSum: torch.cumsum(x, dim=-1).
 
-Each program scans ROWS rows left to right in BLOCK-wide chunks: tl.cumsum gives the prefix sums inside a chunk
-and a per-row running total (`carry`, fp32) is added to them, then grows by the chunk's sum.
-On the GPU ROWS = 1 and BLOCK = 1024 (one program per row, 4 chunks per row of 4096); tl.cumsum is a tree scan
-there, accurate to a few ulps. Under the CPU interpreter tl.cumsum is numpy's sequential fp32 cumsum, whose error
-grows with the chunk length (~3e-4 over 4096 randn values, past the 1e-4 tolerance), so the chunks are kept short
-(256) and the rows per program many (64).
+Each program scans ROWS rows left to right in BLOCK-wide chunks: tl.cumsum gives the prefix sums inside a chunk and
+a per-row running total (`carry`, fp32) is added to them, then grows by the chunk's sum. On the GPU ROWS = 1 and
+BLOCK = 1024 (one program per row, 4 chunks per row of 4096); tl.cumsum is a tree scan there, accurate to a few
+ulps. Under the CPU interpreter tl.cumsum is numpy's sequential fp32 cumsum, whose error grows with the chunk length
+(~3e-4 over 4096 randn values, past the 1e-4 tolerance), so the chunks are kept short (256) and the rows per program
+many (64).
 """
 import torch
 import torch.nn as nn

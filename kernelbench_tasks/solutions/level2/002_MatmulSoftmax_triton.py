@@ -2,11 +2,10 @@
 
 Two kernels: a tiled GEMM (Triton tutorial 03) writes the logits, then a row softmax overwrites them in place (one
 read and one write per logit; a single fused kernel would need whole 2048-wide rows of C per program). The softmax
-subtracts the row maximum before exp() so that it never overflows.
-tl.dot(..., input_precision="ieee"): by default tl.dot rounds fp32 inputs to TF32 (~1e-3 relative error), which
-fails the fp32 tolerance of 1e-4 on the GPU; the CPU interpreter is exact either way.
-GPU: 128 x 128 x 32 GEMM tiles, one softmax program per row. CPU interpreter (cost grows with the number of
-programs): 512 x 512 x 512 tiles, 64 rows per softmax program.
+subtracts the row maximum before exp() so that it never overflows. tl.dot(..., input_precision="ieee"): by default
+tl.dot rounds fp32 inputs to TF32 (~1e-3 relative error), which fails the fp32 tolerance of 1e-4 on the GPU; the CPU
+interpreter is exact either way. GPU: 128 x 128 x 32 GEMM tiles, one softmax program per row. CPU interpreter (cost
+grows with the number of programs): 512 x 512 x 512 tiles, 64 rows per softmax program.
 """
 import torch
 import torch.nn as nn

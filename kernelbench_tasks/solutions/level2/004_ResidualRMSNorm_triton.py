@@ -2,8 +2,8 @@
 
 One kernel: each program loads ROWS rows of x and residual as (ROWS, BLOCK_N) tiles, forms h in registers (h is
 never written to memory), reduces mean(h^2) in fp32 and writes the scaled rows. The weight is the module's own
-nn.Parameter, initialised exactly as in the reference.
-On the GPU ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64.
+nn.Parameter, initialised exactly as in the reference. On the GPU ROWS = 1 (one program per row, 8 warps); under the
+CPU interpreter ROWS = 64.
 """
 import torch
 import torch.nn as nn

@@ -1,8 +1,8 @@
 """Triton solution for level2/005_SiluMulSum: y = sum(silu(x) * g, dim=-1).
 
-One kernel, no temporaries: each program loads ROWS rows of x and g as (ROWS, BLOCK_N) tiles, forms
-silu(x) * g = x * g / (1 + exp(-x)) in registers and reduces each row in fp32. Padding lanes load 0 and add 0.
-On the GPU ROWS = 1 (one program per row, 8 warps); under the CPU interpreter ROWS = 64.
+One kernel, no temporaries: each program loads ROWS rows of x and g as (ROWS, BLOCK_N) tiles, forms silu(x) * g = x
+* g / (1 + exp(-x)) in registers and reduces each row in fp32. Padding lanes load 0 and add 0. On the GPU ROWS = 1
+(one program per row, 8 warps); under the CPU interpreter ROWS = 64.
 """
 import torch
 import torch.nn as nn

@@ -1,12 +1,12 @@
 """Triton solution for level2/006_GemmBiasGelu: y = exact (erf) GELU(x @ W^T + b) in one kernel.
 
 A tiled GEMM (Triton tutorial 03) whose epilogue adds the bias and applies the activation while the output tile is
-still in registers: C is written once and never re-read. W is nn.Linear's (out, in) weight, read as W^T through
-its strides, without a transposed copy. The module keeps the nn.Linear only as the holder of W and b (same names
-and initialisation as the reference); forward never calls it.
-tl.dot(..., input_precision="ieee"): by default tl.dot rounds fp32 inputs to TF32 (~1e-3 relative error), which
-fails the fp32 tolerance of 1e-4 on the GPU; the CPU interpreter is exact either way.
-Tiles: 128 x 128 x 32 with 8 warps on the GPU; 512 x 512 x 512 under the interpreter (few programs, its cost).
+still in registers: C is written once and never re-read. W is nn.Linear's (out, in) weight, read as W^T through its
+strides, without a transposed copy. The module keeps the nn.Linear only as the holder of W and b (same names and
+initialisation as the reference); forward never calls it. tl.dot(..., input_precision="ieee"): by default tl.dot
+rounds fp32 inputs to TF32 (~1e-3 relative error), which fails the fp32 tolerance of 1e-4 on the GPU; the CPU
+interpreter is exact either way. Tiles: 128 x 128 x 32 with 8 warps on the GPU; 512 x 512 x 512 under the
+interpreter (few programs, its cost).
 """
 import torch
 import torch.nn as nn
