@@ -26,6 +26,7 @@ Run:
 """
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import importlib.util
@@ -659,7 +660,7 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
             ratio_max = max(ratio_max, stats.pop("ratio_max"))
             for k, v in stats.items():  # token-weighted averages over the batch
                 totals[k] += v * float(mask.sum()) if k != "tokens" else v
-            totals["loss"] += float(loss) * float(share)
+            totals["loss"] += float(loss.detach()) * float(share)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         policy.opt.step()
         totals["grad_norm"] += float(grad_norm)
@@ -668,6 +669,358 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
     out = {k: v / max(totals["tokens"], 1.0) for k, v in totals.items() if k not in ("tokens", "loss", "grad_norm")}
     out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max)
     return out
+
+
+# -----------------------------------------------------------------------------
+# SFT warm start
+
+
+def slug(name):
+    return os.path.basename(os.path.normpath(name)).replace("/", "_") or "model"
+
+
+def sft_examples(pairs, backend, one_shot):
+    """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
+    from kernelbench_tasks import catalog
+    by_name = {a["name"]: a for a in catalog.CATALOG}
+    coder, proposer = [], []
+    for p in pairs:
+        coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
+        apis = [by_name[n] for n in p["apis"] if n in by_name]
+        if apis:
+            proposer.append((proposer_prompt(catalog.render_api_set(apis)), f"```python\n{p['module'].strip()}\n```"))
+    return coder, proposer
+
+
+def sft_batch(tok, examples, cfg, device):
+    """Right-padded (input_ids, attention_mask, labels) with the loss on target tokens (and the closing EOS) only."""
+    rows = []
+    for prompt, target in examples:
+        p = tok(chat(tok, prompt), add_special_tokens=False).input_ids[-cfg.max_prompt_tokens:]
+        t = tok(target, add_special_tokens=False).input_ids[:cfg.max_new_tokens - 1] + [tok.eos_token_id]
+        rows.append((p + t, [-100] * len(p) + t))
+    L = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([ids + [tok.pad_token_id] * (L - len(ids)) for ids, _ in rows], device=device)
+    labels = torch.tensor([lab + [-100] * (L - len(lab)) for _, lab in rows], device=device)
+    mask = torch.tensor([[1] * len(i) + [0] * (L - len(i)) for i, _ in rows], device=device)
+    return ids, mask, labels
+
+
+def sft_train(policy, examples, cfg, steps, desc="sft"):
+    """Supervised fine-tuning with microbatches; returns the per-step mean token losses."""
+    from tqdm import tqdm
+    model, device = policy.model, next(policy.model.parameters()).device
+    for group in policy.opt.param_groups:
+        group["lr"] = cfg.sft_lr
+    rng = random.Random(cfg.seed)
+    losses = []
+    model.train()
+    for _ in tqdm(range(steps), desc=desc):
+        batch = [rng.choice(examples) for _ in range(cfg.sft_batch)]
+        policy.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(0, len(batch), cfg.micro_batch):
+            ids, mask, labels = sft_batch(policy.tok, batch[i:i + cfg.micro_batch], cfg, device)
+            with autocast(device):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+            share = len(batch[i:i + cfg.micro_batch]) / len(batch)  # microbatches of (nearly) equal weight
+            (loss * share).backward()
+            total += float(loss.detach()) * share
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        policy.opt.step()
+        losses.append(total)
+    model.eval()
+    refresh_sampler(policy)
+    return losses
+
+
+def save_pretrained_atomic(policy, path):
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.model.save_pretrained(tmp)
+    policy.tok.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def sft_warm_start(cfg, device, harness_device):
+    """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet."""
+    out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}")
+    paths = os.path.join(out, "coder"), os.path.join(out, "proposer")
+    if all(os.path.exists(os.path.join(p, "config.json")) for p in paths):
+        print(f"SFT warm start: using the checkpoint in {out}")
+        return paths
+    data = cfg.sft_data or os.path.join("runs", f"sft_data_{cfg.backend}", "pairs.jsonl")
+    if not os.path.exists(data):
+        print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "
+              f"kernelbench_tasks.synth --n {cfg.sft_pairs} --backend {cfg.backend} --out {os.path.dirname(data)}`)")
+        from kernelbench_tasks.synth import generate_pairs
+        pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device)
+        print(f"synth: {stats}")
+        os.makedirs(os.path.dirname(data), exist_ok=True)
+        with open(data + ".tmp", "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in pairs)
+        os.replace(data + ".tmp", data)
+    pairs = [json.loads(line) for line in open(data) if line.strip()]
+    pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
+    if not pairs:
+        raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
+    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
+    print(f"SFT warm start on {len(pairs)} pairs -> {out}")
+    for name, examples, path in ((cfg.coder_model, coder_ex, paths[0]), (cfg.proposer_model, proposer_ex, paths[1])):
+        policy = make_policy(name, cfg, cfg.sft_lr, device)
+        losses = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {os.path.basename(path)}")
+        print(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
+        save_pretrained_atomic(policy, path)
+        del policy
+    return paths
+
+
+# -----------------------------------------------------------------------------
+# The alternating loop
+
+
+def select(batch, keep):
+    """The rows of a rollout batch where keep (N,) is true."""
+    idx = keep.nonzero().squeeze(1)
+    out = {k: v[idx.to(v.device)] for k, v in batch.items() if torch.is_tensor(v)}
+    out["completions"] = [batch["completions"][i] for i in idx.tolist()]
+    return out
+
+
+def seed_pool(cfg, harness_device):
+    """Synthetic modules the Coder's pool starts with (kernelbench_tasks.synth; never the held-out levels)."""
+    if cfg.seed_pool <= 0:
+        return []
+    from kernelbench_tasks import catalog
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
+    return [dict(src=p["module"], hash=catalog.normalized_source_hash(p["module"]), apis=list(p["apis"]), p=None,
+                 round=-1) for p in pairs]
+
+
+@contextlib.contextmanager
+def timed(times, key):
+    """`with timed(times, "coder_gen"):` adds the block's wall time in seconds to times["coder_gen"]."""
+    t0 = time.perf_counter()
+    yield
+    times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+
+
+def proposer_phase(proposer, coder, ev, state, cfg, harness_device, times):
+    """Propose modules, validate them, probe their difficulty with the Coder, reward and update the Proposer."""
+    from eval_harness import extract_code
+    from kernelbench_tasks import catalog
+    rng, G = state["rng"], cfg.group_size_proposer
+    weights = api_weights(state["api_stats"])
+    api_sets = [catalog.sample_api_set(rng, cfg.apis_per_set, weights) for _ in range(cfg.api_sets_per_round)]
+    with timed(times, "proposer_gen"):
+        prompts = [proposer_prompt(catalog.render_api_set(apis)) for apis in api_sets for _ in range(G)]
+        batch = rollout(proposer.model, proposer.tok, prompts, cfg, proposer.sampler, desc="proposer")
+    codes = [extract_code(c) for c in batch["completions"]]
+    set_of = [apis for apis in api_sets for _ in range(G)]
+    with timed(times, "validate"):
+        pool_hashes = {m["hash"] for m in state["pool"]}
+        valid, hashes = validate_modules(codes, set_of, pool_hashes, harness_device, cfg.eval_workers or os.cpu_count())
+    # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
+    modules = {}
+    for code, h, v, apis in zip(codes, hashes, valid, set_of):
+        if v and h not in modules:
+            modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=state["round"])
+    if modules:
+        with timed(times, "probe_gen"):
+            prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules.values()
+                       for _ in range(cfg.k_probe)]
+            probe = rollout(coder.model, coder.tok, prompts, cfg, coder.sampler, desc="probe")
+        with timed(times, "probe_eval"):
+            refs = [m["src"] for m in modules.values() for _ in range(cfg.k_probe)]
+            correct, _ = kernel_scores(run_kernels(ev, refs, probe["completions"]))
+        for m, c in zip(modules.values(), correct.view(-1, cfg.k_probe).tolist()):
+            m["p"] = sum(c) / len(c)
+            update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
+    p = torch.tensor([modules[h]["p"] if v else float("nan") for h, v in zip(hashes, valid)])
+    valid_t = torch.tensor(valid, dtype=torch.bool)
+    rewards = frontier_reward(p, valid_t, repetition_penalty(hashes, valid))
+    advantages = group_advantages(rewards, G, cfg.adv_scale)
+    keep = drop_zero_std_groups(rewards, G) if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
+    stats = {}
+    with timed(times, "proposer_update"):
+        if keep.any():
+            stats = policy_update(proposer, select(batch, keep), advantages[keep], cfg, cfg.proposer_lr)
+    # frontier modules (neither always nor never solved) join the Coder's pool
+    added = [m for m in modules.values() if cfg.frontier_low <= m["p"] <= cfg.frontier_high]
+    state["pool"] = (state["pool"] + added)[-cfg.pool_size:]
+    ps = [m["p"] for m in modules.values()]
+    return {"proposer/valid_frac": float(valid_t.float().mean()),
+            "proposer/format_frac": sum(c is None for c in codes) / len(codes),
+            "proposer/unique_valid": len(modules), "proposer/added": len(added),
+            "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/reward_mean": float(rewards.mean()),
+            "proposer/frac_reward_zero_std": 1 - float(keep.float().mean()),
+            "proposer/tokens_per_s": batch["timing"]["tokens_per_s"],
+            **{f"proposer/{k}": v for k, v in stats.items()}}
+
+
+def coder_phase(coder, ev, state, cfg, times):
+    """Sample pool modules, group_size kernels each, verify them, CA-GRPO rewards and advantages, update the Coder."""
+    if not state["pool"]:
+        print("coder phase skipped: the pool is empty (no frontier modules yet, seed_pool=0)")
+        return {}
+    G = cfg.group_size
+    modules = state["rng"].sample(state["pool"], min(cfg.modules_per_round, len(state["pool"])))
+    with timed(times, "coder_gen"):
+        prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(G)]
+        batch = rollout(coder.model, coder.tok, prompts, cfg, coder.sampler, desc="coder")
+    with timed(times, "coder_eval"):
+        results = run_kernels(ev, [m["src"] for m in modules for _ in range(G)], batch["completions"])
+    correct, speedup = kernel_scores(results)
+    rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
+    advantages = group_advantages(rewards, G, cfg.adv_scale)
+    keep = drop_zero_std_groups(rewards, G) if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
+    stats = {}
+    with timed(times, "coder_update"):
+        if keep.any():
+            stats = policy_update(coder, select(batch, keep), advantages[keep], cfg, cfg.lr)
+    for m, c in zip(modules, correct.view(-1, G).tolist()):
+        update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
+    errors = Counter(r.error_kind for r in results)
+    return {"coder/pass_rate": float(correct.mean()),
+            "coder/speedup": geomean_speedup(correct.tolist(), speedup.tolist()),
+            "coder/reward_mean": float(rewards.mean()), "coder/gate_frac": float(gate.mean()),
+            "coder/frac_reward_zero_std": 1 - float(keep.float().mean()),
+            "coder/format_frac": errors["format"] / len(results), "coder/errors": dict(errors),
+            "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
+            "coder/completion_tokens": float(batch["completion_mask"].sum(1).mean()),
+            **{f"coder/{k}": v for k, v in stats.items()}}
+
+
+def rng_state(state):
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return dict(python=state["rng"].getstate(), torch=torch.get_rng_state(), cuda=cuda)
+
+
+def save_checkpoint(run_dir, coder, proposer, state):
+    """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones."""
+    name = f"ckpt_{state['round']:05d}"
+    tmp, final = os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for role, pol in (("coder", coder), ("proposer", proposer)):
+        torch.save({"model": pol.model.state_dict(), "opt": pol.opt.state_dict()}, os.path.join(tmp, f"{role}.pt"))
+    saved = {k: v for k, v in state.items() if k != "rng"}
+    torch.save({**saved, "rng_states": rng_state(state)}, os.path.join(tmp, "state.pt"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    with open(os.path.join(run_dir, "latest.tmp"), "w") as f:
+        f.write(name)
+    os.replace(os.path.join(run_dir, "latest.tmp"), os.path.join(run_dir, "latest"))  # the commit point
+    for old in glob.glob(os.path.join(run_dir, "ckpt_*")):
+        if os.path.basename(old) != name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(run_dir, coder, proposer):
+    with open(os.path.join(run_dir, "latest")) as f:
+        path = os.path.join(run_dir, f.read().strip())
+    for role, pol in (("coder", coder), ("proposer", proposer)):
+        ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location=next(pol.model.parameters()).device)
+        pol.model.load_state_dict(ckpt["model"])
+        pol.opt.load_state_dict(ckpt["opt"])
+        refresh_sampler(pol)
+    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file: python RNG state, pool
+    rngs = state.pop("rng_states")
+    state["rng"] = random.Random()
+    state["rng"].setstate(rngs["python"])
+    torch.set_rng_state(rngs["torch"])
+    if rngs["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rngs["cuda"])
+    return state
+
+
+def resolve_device(cfg):
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but no GPU is visible; use --device cpu (and --backend triton)")
+    return torch.device(cfg.device)
+
+
+def harness_device_for(cfg, device):
+    if cfg.backend == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("the CUDA backend needs a GPU: pass --backend triton to run Triton kernels under the interpreter")
+    return "cuda" if torch.cuda.is_available() and device.type == "cuda" else "cpu"
+
+
+def console_line(rec):
+    def f(key, fmt):
+        v = rec.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+    return (f"round {rec['round']:3d} | proposer valid {f('proposer/valid_frac', '.2f')} p {f('proposer/p_mean', '.2f')}"
+            f" reward {f('proposer/reward_mean', '+.2f')} +{rec.get('proposer/added', 0)} pool {rec['pool_size']}"
+            f" | coder pass {f('coder/pass_rate', '.3f')} speedup {f('coder/speedup', '.2f')}"
+            f" reward {f('coder/reward_mean', '.3f')} zero-std {f('coder/frac_reward_zero_std', '.2f')}"
+            f" loss {f('coder/loss', '+.4f')} kl {f('coder/kl', '.4f')} clip {f('coder/clip_frac', '.3f')}"
+            f" | {f('time/round', '.0f')}s gpu {f('gpu_peak_gb', '.1f')}GB")
+
+
+def main(cfg):
+    """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR."""
+    from eval_harness import Evaluator
+    device = resolve_device(cfg)
+    harness_device = harness_device_for(cfg, device)
+    print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    resuming = cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest"))
+    if not cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest")):
+        raise SystemExit(f"{cfg.run_dir} already holds a checkpoint: pass --resume, or a new --run-dir")
+    with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
+        json.dump(dataclasses.asdict(cfg), f, indent=1)
+    torch.manual_seed(cfg.seed)
+    coder_src, proposer_src = cfg.coder_model, cfg.proposer_model
+    if cfg.sft:
+        coder_src, proposer_src = sft_warm_start(cfg, device, harness_device)
+    coder = make_policy(coder_src, cfg, cfg.lr, device)
+    proposer = make_policy(proposer_src, cfg, cfg.proposer_lr, device)
+    metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
+    if resuming:
+        state = load_checkpoint(cfg.run_dir, coder, proposer)
+        # drop metrics written after the checkpoint (a killed round is redone from the start)
+        lines = open(metrics_path).readlines()[:state["metrics_lines"]] if os.path.exists(metrics_path) else []
+        with open(metrics_path, "w") as f:
+            f.writelines(lines)
+        print(f"resumed {cfg.run_dir} at round {state['round']} (pool {len(state['pool'])})")
+    else:
+        open(metrics_path, "w").close()
+        state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
+                     pool=seed_pool(cfg, harness_device))
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
+        while state["round"] < cfg.rounds:
+            times, t0 = {}, time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            rec = {"round": state["round"]}
+            rec.update(proposer_phase(proposer, coder, ev, state, cfg, harness_device, times))
+            rec.update(coder_phase(coder, ev, state, cfg, times))
+            rec["pool_size"] = len(state["pool"])
+            if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
+                with timed(times, "eval"):
+                    for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
+                        res = evaluate_coder(coder, cfg, ev, level, 1, max_tasks=cfg.eval_max_tasks)
+                        rec.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
+            rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": time.perf_counter() - t0})
+            if device.type == "cuda":
+                rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(console_line(rec))
+            state["round"] += 1
+            state["metrics_lines"] += 1
+            t1 = time.perf_counter()
+            save_checkpoint(cfg.run_dir, coder, proposer, state)
+            print(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s")
+    for role, pol in (("coder", coder), ("proposer", proposer)):  # for `eval --coder-model RUN_DIR/coder`
+        save_pretrained_atomic(pol, os.path.join(cfg.run_dir, role))
+    print(f"done: {cfg.run_dir}/metrics.jsonl; `python kernelzero.py plot {cfg.run_dir}` draws it")
+    return state
 
 
 # -----------------------------------------------------------------------------
@@ -701,3 +1054,116 @@ def geomean_speedup(correct, speedup):
     """Geometric-mean speedup over the correct samples with a timing; None when there are none."""
     logs = [math.log(s) for c, s in zip(correct, speedup) if c and s is not None and math.isfinite(s) and s > 0]
     return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+FAST_PS = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+
+
+def load_tasks(level, kernelbench_dir="", max_tasks=0):
+    """[(name, source)] of a level: kernelbench_tasks/levelN, or DIR/KernelBench/levelN / DIR/levelN of a checkout."""
+    if kernelbench_dir:
+        cands = [os.path.join(kernelbench_dir, "KernelBench", f"level{level}"), os.path.join(kernelbench_dir, f"level{level}")]
+    else:
+        cands = [os.path.join(HERE, "kernelbench_tasks", f"level{level}")]
+    folder = next((c for c in cands if os.path.isdir(c)), None)
+    if folder is None:
+        raise SystemExit(f"no level{level} tasks found in {' or '.join(cands)}")
+    files = sorted(glob.glob(os.path.join(folder, "*.py")))
+    files = [f for f in files if not os.path.basename(f).startswith("_")][:max_tasks or None]
+    return [(os.path.basename(f)[:-3], open(f).read()) for f in files]
+
+
+def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0):
+    """pass@k, fast_p (first sample of each task) and the geometric-mean speedup of the Coder on one level."""
+    tasks = load_tasks(level, kernelbench_dir, max_tasks)
+    prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
+    batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc=f"eval level{level}")
+    results = run_kernels(ev, [src for _, src in tasks for _ in range(samples)], batch["completions"])
+    per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
+    n_correct = [sum(r.correct for r in rs) for rs in per_task]
+    first_correct = [rs[0].correct for rs in per_task]
+    first_speedup = [rs[0].speedup for rs in per_task]
+    out = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in n_correct) / len(tasks)
+           for k in (1, 5, 10, samples) if k <= samples}
+    out.update({f"fast_{p:g}": fast_p(first_correct, first_speedup, p) for p in FAST_PS})
+    out["geomean_speedup"] = geomean_speedup([r.correct for r in results], [r.speedup for r in results])
+    out["errors"] = dict(Counter(r.error_kind for r in results))
+    out["tasks"] = {name: dict(correct=c, first_kind=rs[0].error_kind, speedup=rs[0].speedup)
+                    for (name, _), c, rs in zip(tasks, n_correct, per_task)}
+    return out
+
+
+def run_eval(cfg):
+    """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR."""
+    from eval_harness import Evaluator
+    device = resolve_device(cfg)
+    harness_device = harness_device_for(cfg, device)
+    print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    torch.manual_seed(cfg.seed)
+    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
+        res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks)
+    if harness_device == "cpu":
+        print("note: the CPU has no timing: fast_p and the speedup need one, so they are 0 / null here")
+    summary = {k: v for k, v in res.items() if k != "tasks"}
+    print(json.dumps(summary, indent=1))
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    path = os.path.join(cfg.run_dir, f"eval_level{cfg.level}_{cfg.backend}.json")
+    with open(path, "w") as f:
+        json.dump({"config": dataclasses.asdict(cfg), **res}, f, indent=1)
+    print(f"wrote {path}")
+    return res
+
+
+def plot_run(run_dir):
+    """Draw RUN_DIR/metrics.jsonl to RUN_DIR/metrics.png; returns the path (None without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plotting needs matplotlib: pip install matplotlib")
+        return None
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if line.strip()]
+    panels = [("Coder pass rate", ["coder/pass_rate", "eval/level1/pass@1", "eval/level2/pass@1"]),
+              ("Coder speedup (geomean, correct)", ["coder/speedup"]),
+              ("Frontier difficulty p", ["proposer/p_mean"]),
+              ("Proposer validity", ["proposer/valid_frac", "proposer/format_frac"]),
+              ("Rewards", ["coder/reward_mean", "proposer/reward_mean"]),
+              ("KL (k3)", ["coder/kl", "proposer/kl"]),
+              ("Clip fraction", ["coder/clip_frac", "proposer/clip_frac"]),
+              ("Zero-std groups", ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std"])]
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
+    for ax, (title, keys) in zip(axes.flat, panels):
+        for key in keys:
+            pts = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(run_dir, "metrics.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+def cli(argv):
+    if argv[:1] == ["plot"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: python kernelzero.py plot RUN_DIR")
+        return plot_run(argv[1])
+    if argv[:1] == ["eval"]:
+        return run_eval(parse_config(argv[1:]))
+    return main(parse_config(argv))
+
+
+if __name__ == "__main__":
+    cli(sys.argv[1:])

