@@ -224,6 +224,16 @@ def test_solutions_synth_yield_on_cpu():
     assert sum(stats["failures"].values()) == n - len(pairs)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_solutions_synth_yield_on_gpu(backend):
+    """The same yield bar on the GPU, where the CUDA templates and TF32-sensitive Triton dots really run."""
+    n = 32
+    pairs, stats = synth.generate_pairs(n, backend, seed=321, verify=True, device="cuda")
+    assert stats["ok"] == len(pairs) >= 0.95 * n, json.dumps(stats, indent=1)
+
+
 def test_solutions_synth_rendered_solution_matches_module_in_process():
     """A cheap in-process check of the templates on every kind (no harness): ModelNew == Model within 1e-4."""
     import importlib.util
