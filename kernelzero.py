@@ -124,6 +124,7 @@ PRESETS = {
                  run_dir="runs/tiny", max_new_tokens=48, max_prompt_tokens=768, prompt_bucket=64, gen_batch_size=16,
                  static_cache=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
                  seed_pool=4, modules_per_round=2, group_size=2, lr=1e-3, proposer_lr=1e-3, micro_batch=4, sft=False,
+                 filter_zero_std=False,  # a random model earns equal rewards: keep the update path running anyway
                  eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
 }
 # The default preset on a machine without a GPU: Triton under the interpreter and budgets that finish in minutes.
@@ -151,14 +152,14 @@ def parse_config(argv):
     if preset not in PRESETS:
         raise SystemExit(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     values = dict(PRESETS[preset])
-    if preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
-        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
-              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
-        values.update(CPU_FALLBACK)
     run_dir = given.get("run_dir", values.get("run_dir", Config.run_dir))
     if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
         with open(os.path.join(run_dir, "config.json")) as f:
             values = json.load(f)  # the run's own config, so that it continues exactly
+    elif preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
+        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
+              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
+        values.update(CPU_FALLBACK)
     values.update(given)
     return Config(**values)
 
@@ -682,12 +683,11 @@ def slug(name):
 def sft_examples(pairs, backend, one_shot):
     """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
     from kernelbench_tasks import catalog
-    by_name = {a["name"]: a for a in catalog.CATALOG}
     coder, proposer = [], []
     for p in pairs:
         coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
-        apis = [by_name[n] for n in p["apis"] if n in by_name]
-        if apis:
+        apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
+        if len(apis) == len(p["apis"]):
             proposer.append((proposer_prompt(catalog.render_api_set(apis)), f"```python\n{p['module'].strip()}\n```"))
     return coder, proposer
 
@@ -755,7 +755,8 @@ def sft_warm_start(cfg, device, harness_device):
         print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "
               f"kernelbench_tasks.synth --n {cfg.sft_pairs} --backend {cfg.backend} --out {os.path.dirname(data)}`)")
         from kernelbench_tasks.synth import generate_pairs
-        pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device)
+        pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
+                                      workers=cfg.eval_workers or None)
         print(f"synth: {stats}")
         os.makedirs(os.path.dirname(data), exist_ok=True)
         with open(data + ".tmp", "w") as f:
