@@ -166,7 +166,7 @@ def parse_config(argv):
 
 # -----------------------------------------------------------------------------
 # Models
-# Models. A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
+# A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
 # master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -433,7 +433,7 @@ def stop_ids(tok):
     ids = {tok.eos_token_id}
     for t in ("<|im_end|>", "<|endoftext|>"):  # chat models end a turn with either
         i = tok.convert_tokens_to_ids(t)
-        if isinstance(i, int) and i != tok.unk_token_id:
+        if isinstance(i, int) and tok.convert_ids_to_tokens(i) == t:  # really in the vocabulary, not <unk>
             ids.add(i)
     return sorted(i for i in ids if i is not None)
 
@@ -481,7 +481,7 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
                                          attention_mask[i:i + cfg.micro_batch], T, cfg.temperature))
     logprob_s = time.perf_counter() - t0
     texts = tok.batch_decode(completion_ids * cmask.long() + tok.pad_token_id * (1 - cmask.long()),
-                             skip_special_tokens=True)
+                             skip_special_tokens=True, clean_up_tokenization_spaces=False)
     new_tokens = int(cmask.sum())
     return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
                 old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
@@ -768,12 +768,14 @@ def sft_warm_start(cfg, device, harness_device):
         raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
     coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
     print(f"SFT warm start on {len(pairs)} pairs -> {out}")
+    t0 = time.perf_counter()
     for name, examples, path in ((cfg.coder_model, coder_ex, paths[0]), (cfg.proposer_model, proposer_ex, paths[1])):
         policy = make_policy(name, cfg, cfg.sft_lr, device)
         losses = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {os.path.basename(path)}")
         print(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
         save_pretrained_atomic(policy, path)
         del policy
+    print(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
 
 

@@ -460,3 +460,47 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
     weights = [torch.load(os.path.join(d, "ckpt_00002", "coder.pt"))["model"] for d in (straight, resumed)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert not os.path.exists(os.path.join(resumed, "ckpt_00001"))  # older checkpoints are dropped
+
+
+# ---- GPU (the lead runs these on the H200)
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_trainer_gpu_static_cache_rollout_and_update():
+    """SmolLM2 on CUDA: bf16 sampler with a static cache (compiled decode), fp32 update, sampler refreshed in place."""
+    torch.manual_seed(0)
+    cfg = kz.parse_config(["--max-new-tokens", "64", "--micro-batch", "4", "--gen-batch-size", "8"])
+    assert cfg.static_cache
+    pol = kz.make_policy("smollm2", cfg, 1e-5, torch.device("cuda"))
+    assert next(pol.sampler.parameters()).dtype == torch.bfloat16 and next(pol.model.parameters()).dtype == torch.float32
+    src = open(os.path.join(os.path.dirname(kz.__file__), "kernelbench_tasks", "level1", "001_Relu.py")).read()
+    prompts = [kz.coder_prompt(src, "triton")] * 4 + [kz.proposer_prompt("- torch.nn.functional.gelu: `F.gelu(x)`")] * 4
+    for _ in range(2):  # the second call reuses the compiled decode
+        b = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    assert b["old_logprobs"].shape == (8, 64) and torch.isfinite(b["old_logprobs"]).all()
+    assert b["completion_mask"].sum() > 0 and all(isinstance(c, str) for c in b["completions"])
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0] * 4), cfg)
+    assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
+    for p_s, p in zip(pol.sampler.parameters(), pol.model.parameters()):
+        assert torch.equal(p_s, p.detach().to(torch.bfloat16))
+    b2 = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    assert b2["old_logprobs"].shape == (8, 64)
+
+
+def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
+    coder_ex, proposer_ex = kz.sft_examples(pairs, "triton", one_shot=False)
+    assert len(coder_ex) == 4 and len(proposer_ex) == 4
+    assert pairs[0]["module"].strip() in coder_ex[0][0] and coder_ex[0][1].startswith("```python\n")
+    assert pairs[0]["solution"].strip() in coder_ex[0][1] and pairs[0]["apis"][0] in proposer_ex[0][0]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    cfg = _trainer_cfg(sft_data=str(data), sft_dir=str(tmp_path / "sft"), sft_steps=2, sft_batch=2)
+    paths = kz.sft_warm_start(cfg, torch.device("cpu"), "cpu")
+    model, tok = kz.load_model(paths[0])  # a saved tiny model and its byte tokenizer load like any HF checkpoint
+    assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left" and model.config.num_hidden_layers == 2
+    assert kz.sft_warm_start(cfg, torch.device("cpu"), "cpu") == paths
+    assert "using the checkpoint" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no cuda pairs"):
+        kz.sft_warm_start(dataclasses.replace(cfg, backend="cuda", sft_dir=str(tmp_path / "sft2")), None, "cpu")
