@@ -9,7 +9,8 @@
 
 Each task defines `class Model(nn.Module)`, `get_inputs()` (CPU tensors) and `get_init_inputs()`; sizes are
 module-level globals. `task_files(level)` lists a level's task paths in order; check them with
-`python eval_harness.py lint kernelbench_tasks/level1/*.py`.
+`python eval_harness.py lint kernelbench_tasks/level1/*.py`. `held_out_hashes()` is what keeps generated modules
+(synthetic pairs, the Proposer's modules) from being a held-out task at other sizes.
 """
 import os
 
@@ -20,3 +21,15 @@ def task_files(level: int) -> list[str]:
     """Sorted paths of level `level`'s task files (NNN_Name.py)."""
     d = os.path.join(TASKS_DIR, f"level{level}")
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f[:3].isdigit() and f.endswith(".py"))
+
+
+def held_out_hashes(levels=(1, 2)) -> set[str]:
+    """Size-independent normalised hashes of the level tasks: a module whose
+    catalog.normalized_source_hash(src, ignore_constants=True) is in this set is a held-out task (maybe resized)."""
+    from kernelbench_tasks.catalog import normalized_source_hash
+    hashes = set()
+    for level in levels:
+        for path in task_files(level):
+            with open(path) as f:
+                hashes.add(normalized_source_hash(f.read(), ignore_constants=True))
+    return hashes

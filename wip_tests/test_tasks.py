@@ -92,6 +92,28 @@ def test_tasks_lint(path):
     assert report["input_mb"] <= 512
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("path", _TASKS_ALL, ids=[os.path.basename(p) for p in _TASKS_ALL])
+def test_tasks_lint_gpu(path):
+    """On the GPU the lint also requires >= 50 us of eager time (launch overhead must not dominate)."""
+    import eval_harness
+    report = eval_harness.lint_task(_tasks_read(path), device="cuda")
+    assert report["ok"], (report["problems"], report["eager_ms"])
+
+
+def test_tasks_held_out_hashes():
+    from kernelbench_tasks import held_out_hashes
+    hashes = held_out_hashes()
+    relu = _tasks_read(os.path.join(_TASKS_DIR, "level1", "001_Relu.py"))
+    resized = relu.replace("batch_size = 4096", "batch_size = 64")
+    assert resized != relu
+    assert catalog.normalized_source_hash(resized, ignore_constants=True) in hashes
+    other = relu.replace("torch.relu(", "torch.erf(")  # no task is a lone erf (sigmoid is: 005_Sigmoid)
+    assert other != relu
+    assert catalog.normalized_source_hash(other, ignore_constants=True) not in hashes
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Catalog
 
