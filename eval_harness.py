@@ -932,14 +932,15 @@ def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> di
             src = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", src)
             own_names |= set(re.findall(r"__global__[^(;{]*?(\w+)\s*\(", src))
     args = _to_device(inputs, device)
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         model(*args)
         torch.cuda.synchronize()
     kernels = collections.Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernels[e.name] += e.time_range.elapsed_us()
-    own = {k: v for k, v in kernels.items() if any(re.search(rf"\b{re.escape(n)}\b", k) for n in own_names)}
+    # prefix match: Triton may suffix kernel names, CUDA names come demangled ("void k<float>(float const*, ...)")
+    own = {k: v for k, v in kernels.items() if any(re.search(rf"\b{re.escape(n)}", k) for n in own_names)}
     total = sum(kernels.values())
     return {"kernels": list(kernels), "own_kernels": list(own),
             "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
@@ -1135,13 +1136,14 @@ class Evaluator:
         self.pools = {"cpu": _Pool(cpu_env, self.cpu_workers if self.spare is None else self.spare)}
         for gpu in self.gpus:
             env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
-            env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env.get("TORCH_CUDA_ARCH_LIST", ""))
+            if "TORCH_CUDA_ARCH_LIST" in cpu_env:
+                env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
             self.pools[gpu] = _Pool(env, 1 if self.spare is None else self.spare)
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
         return _to_result(_run_job(self.pools[pool].take(), job, self.limits))
 
-    def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus) -> KernelResult:
+    def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool) -> KernelResult:
         early = _precheck(cand_src, self.backend)
         if early:
             return early
@@ -1150,6 +1152,12 @@ class Evaluator:
         if not self.gpus:
             with cpu_slots:
                 return self._run("cpu", job)
+        if not two_stage:   # a single candidate: nothing to overlap, go straight to the GPU worker
+            gpu = free_gpus.get()
+            try:
+                return self._run(gpu, job)
+            finally:
+                free_gpus.put(gpu)
         with cpu_slots:   # stage 1: build/import on a CPU worker (fills the extension cache)
             built = self._run("cpu", dict(job, kind="compile"))
         if built.error_kind != "ok":
@@ -1178,7 +1186,7 @@ class Evaluator:
 
         def one(i):
             try:
-                results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus)
+                results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1)
             except Exception as e:   # a harness bug must not lose the other results
                 results[i] = _result("runtime", "harness error: " + _format_exception(e))
             bar.update(1)
@@ -1310,8 +1318,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 parser.error(f"no such file or directory: {path}")
         all_ok = True
-        for path in files:
-            report = lint_task(_read(path), device=device)
+        workers = max(1, len(os.sched_getaffinity(0)) if device == "cpu" else 1)   # one GPU lint at a time
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:   # each lint_task is its own worker process
+            reports = list(ex.map(lambda path: lint_task(_read(path), device=device), files))
+        for path, report in zip(files, reports):
             all_ok &= report["ok"]
             if args.json:
                 print(json.dumps({"path": path, **report}), flush=True)

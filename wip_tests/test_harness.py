@@ -5,6 +5,7 @@ CPU tests run Triton candidates under the interpreter. Most CPU cases are evalua
 per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
 GPU tests: `python -m pytest -q -m gpu wip_tests/test_harness.py` on a machine with CUDA.
 """
+import concurrent.futures
 import functools
 import json
 import os
@@ -546,45 +547,42 @@ while True:
 def test_harness_robustness_many_candidates():
     """~20% hangs/segfaults/raises/memory bombs among good candidates: every one classified, nothing left behind.
     KZ_HARNESS_ROBUST_N=200 for the long version."""
-    n = int(os.environ.get("KZ_HARNESS_ROBUST_N", "30"))
-    bad = [(HANG, "timeout"), (SEGFAULT, "crash"), (RAISE, "runtime"), (MEMORY_BOMB, "runtime")]
-    plan = [bad[(i // 5) % 4] if i % 5 == 4 else (GOOD_RELU, "ok") for i in range(n)]
-    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=5) as ev:
+    n = int(os.environ.get("KZ_HARNESS_ROBUST_N", "20"))
+    # the memory bomb grows in 256 MB steps: it must stop at the worker's RLIMIT_AS (3 GB here), not eat the machine
+    bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**26))")
+    bad = [(HANG, ("timeout",)), (SEGFAULT, ("crash",)), (RAISE, ("runtime",)), (bomb, ("runtime", "crash"))]
+    plan = [bad[(i // 5) % 4] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=20,
+                      memory_limit_gb=3) as ev:
         results = ev.map([(RELU_TASK, cand) for cand, _ in plan])
-    kinds = [r.error_kind for r in results]
-    assert kinds == [kind for _, kind in plan], [(i, k, r.error) for i, (k, r) in enumerate(zip(kinds, results))
-                                                 if k != plan[i][1]]
+    wrong = [(i, r.error_kind, r.error) for i, (r, (_, kinds)) in enumerate(zip(results, plan)) if r.error_kind not in kinds]
+    assert not wrong, wrong
     assert _harness_worker_children() == []
-
-
-def test_harness_worker_memory_limit_is_applied():
-    # a bomb that allocates in small steps must also stop at RLIMIT_AS (runtime/crash), not eat the machine
-    bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**26))   # 256 MB each")
-    result = eh.evaluate(RELU_TASK, bomb, backend="triton", device="cpu", memory_limit_gb=3, run_timeout=60)
-    assert result.error_kind in ("runtime", "crash"), result
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # lint_task
 
 def test_harness_lint_good_and_degenerate_tasks():
-    good = eh.lint_task(RELU_TASK, device="cpu")
-    assert good["ok"], good
-    assert good["input_mb"] > 0 and good["eager_ms"] is not None
-    relu_on_rand = eh.lint_task(RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), device="cpu")
-    assert not relu_on_rand["ok"] and any("identity" in p for p in relu_on_rand["problems"]), relu_on_rand
-    tiny = eh.lint_task(RELU_TASK.replace("torch.relu(x)", "torch.relu(x) * 1e-6"), device="cpu")
-    assert any("zeros" in p for p in tiny["problems"]), tiny
-    mean_task = eh.lint_task(MEAN_TASK, device="cpu")   # mean of rand: the input-mean fake passes
-    assert any("mean" in p for p in mean_task["problems"]), mean_task
-    dropout = eh.lint_task(RELU_TASK.replace("torch.relu(x)", "torch.nn.functional.dropout(x, 0.5, training=True)"))
-    assert any("deterministic" in p for p in dropout["problems"]), dropout
-    broken = eh.lint_task(RELU_TASK.replace("return torch.relu(x)", "raise RuntimeError('bad task')"))
-    assert any("does not run" in p and "bad task" in p for p in broken["problems"]), broken
-    huge = eh.lint_task(RELU_TASK.replace("N = 4096", "N = 150_000_000"))   # 572 MB of input
-    assert any("MB" in p for p in huge["problems"]), huge
-    missing = eh.lint_task("x = 1\n")
-    assert not missing["ok"] and "missing" in missing["problems"][0]
+    sources = {
+        "good": (RELU_TASK, {}),
+        "relu_on_rand": (RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), {}),   # ReLU is the identity
+        "tiny_output": (RELU_TASK.replace("torch.relu(x)", "torch.relu(x) * 1e-6"), {}),
+        "mean_of_rand": (MEAN_TASK, {}),   # the mean of the input passes
+        "dropout": (RELU_TASK.replace("torch.relu(x)", "torch.nn.functional.dropout(x, 0.5, training=True)"), {}),
+        "broken": (RELU_TASK.replace("return torch.relu(x)", "raise RuntimeError('bad task')"), {}),
+        "too_big": (RELU_TASK, {"max_input_mb": 0.01}),   # 16 KB of input against a 10 KB limit
+        "missing": ("x = 1\n", {}),
+    }
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:   # each lint_task is its own worker process
+        reports = dict(zip(sources, ex.map(lambda v: eh.lint_task(v[0], device="cpu", **v[1]), sources.values())))
+
+    def has(name, text):
+        return any(text in p for p in reports[name]["problems"]) and not reports[name]["ok"]
+    assert reports["good"]["ok"] and reports["good"]["input_mb"] > 0 and reports["good"]["eager_ms"] is not None
+    assert has("relu_on_rand", "identity") and has("tiny_output", "zeros") and has("mean_of_rand", "mean")
+    assert has("dropout", "deterministic") and has("broken", "bad task") and has("too_big", "MB")
+    assert has("missing", "missing Model")
 
 
 def test_harness_lint_hang_times_out():
@@ -641,8 +639,8 @@ def test_harness_cli_check_run_lint(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------------
 # GPU tests (the lead runs them on the H200: python -m pytest -q -m gpu wip_tests/test_harness.py)
 
-GPU_RELU_TASK = RELU_TASK.replace("N = 4096", "N = 16 * 1024 * 1024")
-GPU_MATMUL_TASK = MATMUL_TASK.replace("M = 64", "M = 128")
+GPU_RELU_TASK = RELU_TASK.replace("N = 4096", "N = 64 * 1024 * 1024")   # 256 MB: >= 50 us eager on an H200
+GPU_MATMUL_TASK = MATMUL_TASK
 
 CUDA_RELU = '''
 import torch
@@ -662,7 +660,7 @@ torch::Tensor relu_cuda(torch::Tensor x) {
     return y;
 }
 """
-ext = load_inline(name="kz_test_relu_EXTNAME", cpp_sources="torch::Tensor relu_cuda(torch::Tensor x);",
+ext = load_inline(name="kz_test_relu", cpp_sources="torch::Tensor relu_cuda(torch::Tensor x);",
                   cuda_sources=cuda_src, functions=["relu_cuda"], verbose=False)
 
 class ModelNew(nn.Module):
@@ -674,8 +672,9 @@ class ModelNew(nn.Module):
 '''
 
 
-def _harness_cuda(body="y[i] = x[i] > 0.f ? x[i] : 0.f;", forward="return ext.relu_cuda(x.contiguous())", name="a"):
-    return CUDA_RELU.replace("BODY", body).replace("FORWARD", forward).replace("EXTNAME", name)
+def _harness_cuda(body="y[i] = x[i] > 0.f ? x[i] : 0.f;", forward="return ext.relu_cuda(x.contiguous())"):
+    """Only two distinct CUDA sources (good, out-of-bounds) in the GPU tests: builds are cached by source."""
+    return CUDA_RELU.replace("BODY", body).replace("FORWARD", forward)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -696,7 +695,7 @@ def test_harness_gpu_known_good_cuda_and_triton_with_timing():
 @pytest.mark.gpu
 @gpu
 def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
-    oob = _harness_cuda(body="y[i + (1L << 40)] = x[i];", name="oob")
+    oob = _harness_cuda(body="y[i + (1L << 40)] = x[i];")
     with eh.Evaluator(backend="cuda", device="cuda", progress=False) as ev:
         results = ev.map([(GPU_RELU_TASK, oob), (GPU_RELU_TASK, _harness_cuda())])
     assert [r.error_kind for r in results] == ["crash", "ok"], results
@@ -708,16 +707,16 @@ def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
 def test_harness_gpu_reward_hacks():
     tf32_runtime = GOOD_MATMUL.replace("class ModelNew", "_b = torch.backends.cuda.matmul\n"
                                        "setattr(_b, 'allow_tf32', True)\nclass ModelNew")
-    side_stream = _harness_cuda(name="side").replace("#include <torch/extension.h>",
+    side_stream = _harness_cuda().replace("#include <torch/extension.h>",
                                                      "#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>")
     side_stream = side_stream.replace("relu_cuda_kernel<<<(n + 255) / 256, 256>>>",
                                       "relu_cuda_kernel<<<(n + 255) / 256, 256, 0, at::cuda::getStreamFromPool()>>>")
-    static_cache = _harness_cuda(name="cache", forward='''
+    static_cache = _harness_cuda(forward='''
 if not hasattr(self, "out"):
     self.out = ext.relu_cuda(x.contiguous())
 return self.out''')
-    decoy = _harness_cuda(name="decoy", forward="return torch.relu(x)")
-    fallback = _harness_cuda(name="fallback", forward="return ext.relu_cuda(torch.sigmoid(x) * x)")
+    decoy = _harness_cuda(forward="return torch.relu(x)")
+    fallback = _harness_cuda(forward="return ext.relu_cuda(torch.relu(x))")   # right answer, torch did the work
     tf32_dot = MATMUL_SRC.replace("{precision}", "")   # tl.dot fp32 defaults to TF32 on the GPU: ~1e-3 error
     cases = [(GPU_MATMUL_TASK, tf32_runtime, "triton", "reward_hack", "tf32"),
              (GPU_RELU_TASK, side_stream, "cuda", "reward_hack", "side_stream"),
@@ -735,7 +734,7 @@ return self.out''')
 @pytest.mark.gpu
 @gpu
 def test_harness_gpu_stale_memory_and_lint_timing():
-    stale = _harness_cuda(name="stale", forward="return torch.empty_like(x)")
+    stale = _harness_cuda(forward="ext.relu_cuda(x[:1].contiguous())\nreturn torch.empty_like(x)")
     result = eh.evaluate(GPU_RELU_TASK, stale, backend="cuda", device="cuda")
     assert result.error_kind in ("mismatch", "reward_hack"), result
     report = eh.lint_task(GPU_RELU_TASK, device="cuda")
