@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import glob
 import json
+import math
 import os
 import random
 import time
@@ -141,16 +142,9 @@ def _sample_shape(rng, rank):
         shape = [rng.choice([4, 8, 16, 32, 50, 64, 128, 256]), dim]
     else:
         shape = [rng.choice([2, 3, 4, 8]), rng.choice([8, 16, 24, 32, 64]), dim]
-    while _numel(shape) > MAX_ELEMENTS:
+    while math.prod(shape) > MAX_ELEMENTS:
         shape[0] = max(1, shape[0] // 2)
     return shape
-
-
-def _numel(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def sample_spec(rng):
