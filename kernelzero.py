@@ -26,6 +26,7 @@ Run:
 """
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import glob
@@ -61,6 +62,7 @@ class Config:
     coder_model: str = "smollm2"  # "smollm2" (offline GGUF), "tiny" (random, built in code), HF id or local path
     proposer_model: str = "smollm2"  # same choices as coder_model
     gradient_checkpointing: bool = False  # trade compute for activation memory during updates
+    offload_idle: bool = False  # keep the model that is not working (and its AdamW state) in CPU memory (7B on one GPU)
     # generation
     temperature: float = 1.0  # sampling temperature; log-probs divide the logits by it too
     max_new_tokens: int = 1024  # fixed completion budget (static shapes); longer answers are truncated -> format
@@ -266,6 +268,23 @@ def refresh_sampler(policy):
             p_s.copy_(p)
 
 
+def place(policy, device):
+    """Move a policy (weights, sampler, reference, AdamW state) to device: with offload_idle the idle one waits on CPU."""
+    for m in {id(m): m for m in (policy.model, policy.sampler, policy.ref) if m is not None}.values():
+        m.to(device)
+    for st in policy.opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v) and k != "step":  # AdamW keeps its step counter on the CPU
+                st[k] = v.to(device)
+
+
+def focus(active, idle, cfg, device):
+    """Make `active` the policy on the device; the other one goes to CPU memory when cfg.offload_idle."""
+    if cfg.offload_idle and device.type == "cuda":
+        place(idle, torch.device("cpu"))
+        place(active, device)
+
+
 def autocast(device):
     # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -297,7 +316,14 @@ def read_one_shot(backend):
     paths = [os.path.join(HERE, "cuda_ext", f"example_{n}.py") for n in ("ref", backend)]
     if not all(os.path.exists(p) for p in paths):
         return None
-    return tuple(open(p).read() for p in paths)
+    sources = []
+    for p in paths:  # without the file's docstring, which talks about the prompt rather than the kernel
+        src = open(p).read()
+        tree = ast.parse(src)
+        if ast.get_docstring(tree):
+            src = "\n".join(src.splitlines()[tree.body[0].end_lineno:])
+        sources.append(src)
+    return tuple(sources)
 
 
 def coder_prompt(module_src, backend, one_shot=True):
@@ -810,11 +836,12 @@ def timed(times, key):
     times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
-def proposer_phase(proposer, coder, ev, state, cfg, harness_device, times):
+def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, times):
     """Propose modules, validate them, probe their difficulty with the Coder, reward and update the Proposer."""
     from eval_harness import extract_code
     from kernelbench_tasks import catalog
     rng, G = state["rng"], cfg.group_size_proposer
+    focus(proposer, coder, cfg, device)
     weights = api_weights(state["api_stats"])
     api_sets = [catalog.sample_api_set(rng, cfg.apis_per_set, weights) for _ in range(cfg.api_sets_per_round)]
     with timed(times, "proposer_gen"):
@@ -832,6 +859,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, harness_device, times):
             modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=state["round"])
     if modules:
         with timed(times, "probe_gen"):
+            focus(coder, proposer, cfg, device)
             prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules.values()
                        for _ in range(cfg.k_probe)]
             probe = rollout(coder.model, coder.tok, prompts, cfg, coder.sampler, desc="probe")
@@ -848,6 +876,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, harness_device, times):
     keep = drop_zero_std_groups(rewards, G) if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
     stats = {}
     with timed(times, "proposer_update"):
+        focus(proposer, coder, cfg, device)
         if keep.any():
             stats = policy_update(proposer, select(batch, keep), advantages[keep], cfg, cfg.proposer_lr)
     # frontier modules (neither always nor never solved) join the Coder's pool
@@ -863,12 +892,13 @@ def proposer_phase(proposer, coder, ev, state, cfg, harness_device, times):
             **{f"proposer/{k}": v for k, v in stats.items()}}
 
 
-def coder_phase(coder, ev, state, cfg, times):
+def coder_phase(coder, proposer, ev, state, cfg, device, times):
     """Sample pool modules, group_size kernels each, verify them, CA-GRPO rewards and advantages, update the Coder."""
     if not state["pool"]:
         print("coder phase skipped: the pool is empty (no frontier modules yet, seed_pool=0)")
         return {}
     G = cfg.group_size
+    focus(coder, proposer, cfg, device)
     modules = state["rng"].sample(state["pool"], min(cfg.modules_per_round, len(state["pool"])))
     with timed(times, "coder_gen"):
         prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(G)]
@@ -1001,8 +1031,8 @@ def main(cfg):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             rec = {"round": state["round"]}
-            rec.update(proposer_phase(proposer, coder, ev, state, cfg, harness_device, times))
-            rec.update(coder_phase(coder, ev, state, cfg, times))
+            rec.update(proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, times))
+            rec.update(coder_phase(coder, proposer, ev, state, cfg, device, times))
             rec["pool_size"] = len(state["pool"])
             if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
                 with timed(times, "eval"):

@@ -504,3 +504,19 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
     assert "using the checkpoint" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no cuda pairs"):
         kz.sft_warm_start(dataclasses.replace(cfg, backend="cuda", sft_dir=str(tmp_path / "sft2")), None, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_trainer_gpu_offload_idle_policy():
+    cfg = _trainer_cfg(device="cuda", offload_idle=True, max_new_tokens=8, prompt_bucket=8)
+    dev = torch.device("cuda")
+    a, b = (kz.make_policy("tiny", cfg, 1e-3, dev) for _ in range(2))
+    batch = kz.rollout(a.model, a.tok, ["ab", "cd"], cfg, a.sampler)
+    kz.policy_update(a, batch, torch.tensor([1.0, -1.0]), cfg)  # creates AdamW state on the GPU
+    kz.focus(b, a, cfg, dev)
+    assert next(a.model.parameters()).device.type == "cpu" and next(a.sampler.parameters()).device.type == "cpu"
+    assert all(v.device.type == "cpu" for st in a.opt.state.values() for k, v in st.items() if k != "step")
+    kz.focus(a, b, cfg, dev)
+    assert next(a.model.parameters()).is_cuda and next(b.model.parameters()).device.type == "cpu"
+    kz.policy_update(a, kz.rollout(a.model, a.tok, ["ab", "cd"], cfg, a.sampler), torch.tensor([1.0, -1.0]), cfg)
