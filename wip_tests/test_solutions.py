@@ -171,7 +171,8 @@ def test_solutions_synth_is_deterministic_and_writes_contract_fields():
             assert set(p) == {"module", "solution", "apis", "backend", "seed", "kind"}
             assert p["backend"] == backend and isinstance(p["seed"], int) and p["kind"] in synth.KIND_WEIGHTS
             assert isinstance(p["apis"], list) and p["apis"]
-            ast.parse(p["module"]), ast.parse(p["solution"])
+            ast.parse(p["module"])
+            ast.parse(p["solution"])
 
 
 def test_solutions_synth_cli_writes_jsonl(tmp_path):
