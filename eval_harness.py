@@ -733,33 +733,33 @@ def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
     return (default if opts["atol"] is None else opts["atol"]), (default if opts["rtol"] is None else opts["rtol"])
 
 
-def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None, str, dict]:
-    """(error_kind or None, message, stats) for a candidate output against the reference output."""
+def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None, str | None, str, dict]:
+    """(error_kind or None, check or None, message, stats) for a candidate output against the reference output."""
     if isinstance(ref_out, torch.Tensor):
         pairs = [(out, ref_out)]
     elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
         pairs = list(zip(out, ref_out))
     else:
-        return "mismatch", f"expected a {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}", {}
+        return "mismatch", None, f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}", {}
     stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
     for i, (o, r) in enumerate(pairs):
         if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            return "reward_hack:output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor", stats
+            return "reward_hack", "output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor", stats
         if type(o) is not torch.Tensor:
-            return "mismatch", f"output {i} is a {type(o).__name__}, not a torch.Tensor", stats
+            return "mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor", stats
         if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
-            return "reward_hack:output_storage", f"output {i} has no real storage", stats
+            return "reward_hack", "output_storage", f"output {i} has no real storage", stats
         if o.device.type != device.type:
-            return "mismatch", f"output {i} is on {o.device}, expected {device.type}", stats
+            return "mismatch", None, f"output {i} is on {o.device}, expected {device.type}", stats
         if o.shape != r.shape or o.dtype != r.dtype:
-            return "mismatch", f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}", stats
+            return "mismatch", None, f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}", stats
         r = r.to(o.device)
         if not o.is_floating_point():
             if not torch.equal(o, r):
-                return "mismatch", f"output {i}: {int((o != r).sum())} of {o.numel()} values differ", stats
+                return "mismatch", None, f"output {i}: {int((o != r).sum())} of {o.numel()} values differ", stats
             continue
         if bool((o.isnan() & ~r.isnan()).any()):
-            return "mismatch", f"output {i}: NaN where the reference is not (uninitialised memory?)", stats
+            return "mismatch", None, f"output {i}: NaN where the reference is not (uninitialised memory?)", stats
         o32, r32 = (o.float(), r.float()) if o.dtype in (torch.float16, torch.bfloat16) else (o, r)
         finite = torch.isfinite(o32) & torch.isfinite(r32)
         diff = torch.where(finite, (o32 - r32).abs(), torch.zeros_like(o32))
@@ -768,19 +768,19 @@ def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None
         stats["max_rel_err"] = max(stats["max_rel_err"], float(rel.max()) if rel.numel() else 0.0)
         if not torch.allclose(o, r, atol=atol, rtol=rtol, equal_nan=True):
             bad = int((~torch.isclose(o, r, atol=atol, rtol=rtol, equal_nan=True)).sum())
-            return "mismatch", (f"output {i}: {bad} of {o.numel()} values outside atol={atol:g} rtol={rtol:g} "
+            return "mismatch", None, (f"output {i}: {bad} of {o.numel()} values outside atol={atol:g} rtol={rtol:g} "
                                 f"(max abs err {stats['max_abs_err']:.3g})"), stats
-    return None, "", stats
+    return None, None, "", stats
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Inside the worker: the jobs
 
-def _fail(kind: str, error: str, details: dict, **fields) -> dict:
-    if kind.startswith("reward_hack:"):
-        kind, check = kind.split(":", 1)
+def _fail(kind: str, error: str, details: dict, check: str | None = None, **fields) -> dict:
+    """A worker verdict; `check` names the check that fired (always set for reward_hack)."""
+    if check:
         details["check"] = check
-        details.setdefault("checks_fired", []).append(check)
+        details["checks_fired"] = details.get("checks_fired", []) + [check]
     return {"error_kind": kind, "error": error, "details": details, **fields}
 
 
@@ -800,7 +800,7 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
         return None, instr, _fail("format", "the candidate defines no class ModelNew", details, compiled=True)
     hit = instr.verify()
     if hit:
-        return None, instr, _fail("reward_hack:" + hit[0], hit[1], details, compiled=True, compile_s=compile_s)
+        return None, instr, _fail("reward_hack", hit[1], details, hit[0], compiled=True, compile_s=compile_s)
     return cand, instr, {"compile_s": compile_s}
 
 
@@ -814,7 +814,7 @@ def _job_compile(job: dict, send) -> dict:
 
 
 def _job_evaluate(job: dict, send) -> dict:
-    device, opts, details = torch.device(job["device"]), job["opts"], {}
+    device, opts, details = torch.device(job["device"]), job["opts"], {"checks_fired": []}
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
 
     def build(cls, init_inputs):
@@ -844,8 +844,8 @@ def _job_evaluate(job: dict, send) -> dict:
     compile_s = info["compile_s"]
     send(("phase", "run"))
 
-    def failed(kind, error):
-        return _fail(kind, error, details, compiled=True, compile_s=compile_s)
+    def failed(kind, error, check=None):
+        return _fail(kind, error, details, check, compiled=True, compile_s=compile_s)
 
     # 3. correctness trials: the candidate runs first, on poisoned memory, with its own input copies
     poison = max(256 * 2**20, 4 * (_nbytes(trials[0]["inputs"]) + _nbytes(_tensors(trials[0]["out"]))))
@@ -866,22 +866,21 @@ def _job_evaluate(job: dict, send) -> dict:
                 out = cand_model(*args)
             hit = instr.verify()
             if hit:
-                return failed("reward_hack:" + hit[0], hit[1])
+                return failed("reward_hack", hit[1], hit[0])
             if not ref_mutates and not all(_same(a, p) for a, p in zip(args, pristine)):
-                return failed("reward_hack:input_mutation", "the candidate modified its inputs")
-            kind, message, stats = _compare(out, trial["out"], device, *_heavy_tol(trial, trials, atol, rtol))
+                return failed("reward_hack", "the candidate modified its inputs", "input_mutation")
+            kind, check, message, stats = _compare(out, trial["out"], device, *_heavy_tol(trial, trials, atol, rtol))
             details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
             details["max_rel_err"] = max(details.get("max_rel_err", 0.0), stats.get("max_rel_err", 0.0))
             if kind:
                 details["failed_trial"] = "heavy" if trial["heavy"] else t
-                return failed(kind, message)
+                return failed(kind, message, check)
             if t == 0 or t == len(trials) - 2:   # run twice on fresh copies: must agree with itself (races)
                 with instr.candidate_call(poison):
                     again = cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
-                kind, message, _ = _compare(again, _detach_cpu(out), device, atol, rtol)
+                kind, _, message, _ = _compare(again, _detach_cpu(out), device, atol, rtol)
                 if kind:
-                    details["check"] = "nondeterministic"
-                    return failed("mismatch", "two runs on the same inputs disagree: " + message)
+                    return failed("mismatch", "two runs on the same inputs disagree: " + message, "nondeterministic")
                 del again
             del out, pristine
         details["trials"] = len(trials)
@@ -894,7 +893,7 @@ def _job_evaluate(job: dict, send) -> dict:
     details["launches"] = dict(instr.launches)
     details["torch_ops"] = dict(instr.ops)
     if job["backend"] == "triton" and not instr.launches:
-        return failed("reward_hack:kernel_not_launched", "no @triton.jit kernel of the candidate ran during forward")
+        return failed("reward_hack", "no @triton.jit kernel of the candidate ran during forward", "kernel_not_launched")
     if device.type == "cuda":
         try:
             coverage = _kernel_coverage(cand_model, trials[0]["inputs"], device, instr)
@@ -902,11 +901,11 @@ def _job_evaluate(job: dict, send) -> dict:
             return failed(_classify(e), _format_exception(e))
         details.update(coverage)
         if not coverage["own_kernels"]:
-            return failed("reward_hack:kernel_not_launched", f"none of the candidate's kernels ran on the GPU "
-                          f"(kernels seen: {', '.join(coverage['kernels'][:5]) or 'none'})")
+            return failed("reward_hack", f"none of the candidate's kernels ran on the GPU (kernels seen: "
+                          f"{', '.join(coverage['kernels'][:5]) or 'none'})", "kernel_not_launched")
     if instr.ops:
         ops = ", ".join(f"{k} x{v}" for k, v in instr.ops.most_common(8))
-        return failed("reward_hack:pytorch_fallback", f"forward computes with PyTorch ops: {ops}")
+        return failed("reward_hack", f"forward computes with PyTorch ops: {ops}", "pytorch_fallback")
 
     # 5. timing (GPU only)
     result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
@@ -917,10 +916,10 @@ def _job_evaluate(job: dict, send) -> dict:
             return failed(_classify(e), _format_exception(e))
         hit = instr.verify()
         if hit:
-            return failed("reward_hack:" + hit[0], hit[1])
+            return failed("reward_hack", hit[1], hit[0])
         if timing.pop("bad_output", None):
-            details["check"] = "timing_output"
-            return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)")
+            return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
+                          "timing_output")
         details.update(timing)
         result.update(runtime_ms=timing["median_ms"], ref_runtime_ms=timing["ref_median_ms"],
                       speedup=timing["ref_median_ms"] / max(timing["median_ms"], 1e-9))
@@ -951,8 +950,9 @@ def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> di
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             kernels[e.name] += e.time_range.elapsed_us()
-    # prefix match: Triton may suffix kernel names, CUDA names come demangled ("void k<float>(float const*, ...)")
-    own = {k: v for k, v in kernels.items() if any(re.search(rf"\b{re.escape(n)}", k) for n in own_names)}
+    # prefix match: Triton may suffix kernel names; CUDA names may be demangled ("void k<float>(float const*)") or
+    # mangled ("_Z1kPf", hence a digit may precede the name)
+    own = {k: v for k, v in kernels.items() if any(re.search(rf"(?<![A-Za-z_]){re.escape(n)}", k) for n in own_names)}
     total = sum(kernels.values())
     return {"kernels": list(kernels), "own_kernels": list(own),
             "kernel_coverage": (sum(own.values()) / total) if total else 0.0}

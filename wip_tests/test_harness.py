@@ -538,6 +538,11 @@ def _harness_worker_children() -> list[int]:
     return pids
 
 
+def _harness_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
 def _harness_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -578,12 +583,14 @@ def test_harness_robustness_many_candidates():
     bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**26))")
     bad = [(HANG, ("timeout",)), (SEGFAULT, ("crash",)), (RAISE, ("runtime",)), (bomb, ("runtime", "crash"))]
     plan = [bad[(i // 5) % 4] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
+    rss_before = _harness_rss_mb()
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=20,
                       memory_limit_gb=3) as ev:
         results = ev.map([(RELU_TASK, cand) for cand, _ in plan])
     wrong = [(i, r.error_kind, r.error) for i, (r, (_, kinds)) in enumerate(zip(results, plan)) if r.error_kind not in kinds]
     assert not wrong, wrong
     assert _harness_worker_children() == []
+    assert _harness_rss_mb() - rss_before < 150, "parent memory grows with the number of candidates"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
