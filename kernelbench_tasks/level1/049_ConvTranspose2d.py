@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8
+BATCH = 16
 IN_CHANNELS = 128
 OUT_CHANNELS = 64
 HEIGHT = 32
