@@ -31,7 +31,21 @@ How it departs from KernelBench's own eval (src/eval.py)
      every rep, fresh input copies per rep (outputs spot-checked), reference and candidate interleaved in one
      process under no_grad; medians reported (means in details for KernelBench comparisons).
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
-     runs under torch.no_grad().
+     runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
+
+Decisions worth knowing (each has a test in test_kernelzero.py / wip_tests/test_harness.py)
+  - Verdict order: harness integrity (patched references, threads, input mutation) > runtime error > wrong output
+    (mismatch) > own kernels not launched > PyTorch fallback. `correct` is exactly error_kind == "ok".
+  - The PyTorch-fallback rule is strict: any aten op in forward outside _GLUE_OPS (allocation, views, copies,
+    casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count too. Ops run by Triton itself
+    (launcher, interpreter, autotuner) are not recorded.
+  - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
+  - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
+    process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
+    CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
+  - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline when it imports, else to torch's
+    load_inline with a build directory keyed by sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR
+    (default ~/.cache/kernelzero): cache hits across runs, no lock fights between different candidates.
 
 Run it
   python eval_harness.py check REF.py CAND.py --backend triton --device cpu --json
@@ -308,7 +322,8 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)   # the group: the candidate's own children die too
         self.proc.kill()
-        self.proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):   # (a process stuck in the GPU driver: do not hang)
+            self.proc.wait(timeout=60)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -401,6 +416,7 @@ def _worker_main(fd: int) -> None:
         import triton  # noqa: F401  (imported while idle, so it is not counted as the candidate's compile time)
     if device == "cuda" and role == "run":
         torch.cuda.init()
+    threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
     conn.send(("ready", os.getpid()))
     job = conn.recv()
     try:
@@ -410,6 +426,13 @@ def _worker_main(fd: int) -> None:
     conn.send(("result", result))
     conn.close()
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
+
+
+def _die_with_parent(parent: int) -> None:
+    """If the caller dies (Ctrl-C, kill -9), take the process group down instead of leaving a hung candidate."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(0, signal.SIGKILL)
 
 
 def _format_exception(e: BaseException) -> str:
@@ -1203,7 +1226,8 @@ class Evaluator:
                 results[i] = _result("runtime", "harness error: " + _format_exception(e))
             bar.update(1)
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=self.cpu_workers + len(self.gpus)) as ex:
+        # twice the compile slots: finished builds wait for a GPU while the next ones compile
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2 * self.cpu_workers + len(self.gpus)) as ex:
             list(ex.map(one, range(len(pairs))))
         bar.close()
         return results
