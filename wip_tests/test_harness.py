@@ -260,6 +260,13 @@ class ModelNew(nn.Module):
 '''
 GOOD_MATMUL = MATMUL_SRC.replace("{precision}", ', input_precision="ieee"')
 
+GOOD_AUTOTUNED = _harness_relu('''
+y = torch.empty_like(x)
+n = x.numel()
+relu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+return y
+''', kernel='@triton.autotune(configs=[triton.Config({"BLOCK": 512}), triton.Config({"BLOCK": 1024})], key=["n"])' + RELU_KERNEL)
+
 SEGFAULT = _harness_relu("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nreturn x")
 HANG = _harness_relu("while True:\n    pass")
 RAISE = _harness_relu("raise ValueError('boom')")
@@ -277,6 +284,7 @@ CASES = {
     "good_rowsum": (ROWSUM_TASK, GOOD_ROWSUM, "ok", None),
     "good_cross_entropy": (CE_TASK, GOOD_CE, "ok", None),   # pitfall 14: int64 targets must stay integers
     "good_matmul": (MATMUL_TASK, GOOD_MATMUL, "ok", None),
+    "good_autotuned": (RELU_TASK, GOOD_AUTOTUNED, "ok", None),   # autotuner's own torch ops are not a fallback
     # 1 stale memory: the kernel writes nothing, the output is whatever empty_like returned
     "stale_memory": (RELU_TASK, _harness_relu('''
 y = torch.empty_like(x)
@@ -724,6 +732,9 @@ def test_harness_gpu_known_good_cuda_and_triton_with_timing():
     triton_ = eh.evaluate(GPU_RELU_TASK, GOOD_RELU, backend="triton", device="cuda", compile_baseline=True)
     assert triton_.error_kind == "ok", triton_
     assert triton_.speedup > 0 and triton_.details["reps"] >= 30 and triton_.details["compile_baseline_ms"] > 0
+    assert triton_.details["own_kernels"] and triton_.details["kernel_coverage"] > 0.5, triton_.details
+    autotuned = eh.evaluate(GPU_RELU_TASK, GOOD_AUTOTUNED, backend="triton", device="cuda")
+    assert autotuned.error_kind == "ok", autotuned   # do_bench's torch ops are not a PyTorch fallback
 
 
 @pytest.mark.gpu
