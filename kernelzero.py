@@ -215,9 +215,14 @@ def load_model(name, seed=0):
         path = spec and os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
         if not path or not os.path.exists(path):
             raise SystemExit(MISSING_MODEL)
+        from transformers import GgufConfig
         tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        # the weights arrive as dense fp32: drop the GGUF marker so the model trains, compiles and saves like any other
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         # transformers 5.17 reads eos = <|im_start|> from this GGUF; the chat format ends a turn with <|im_end|>
         tok.eos_token = tok.pad_token = "<|im_end|>"
     else:
