@@ -157,7 +157,7 @@ _BANNED_IMPORTS = {  # module root -> check name
     "multiprocessing": "processes", "subprocess": "processes", "ctypes": "ctypes", "cffi": "ctypes",
     "inspect": "introspection", "importlib": "dynamic_code", "eval_harness": "monkeypatch", "builtins": "monkeypatch",
     "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
-    "torch.utils._python_dispatch": "torch_function",
+    "torch.utils._python_dispatch": "torch_function", "torch._dynamo": "torch_compile", "torch._inductor": "torch_compile",
 }
 _BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     "os.fork": "processes", "os.forkpty": "processes", "os.system": "processes", "os.popen": "processes",
@@ -169,6 +169,7 @@ _BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     "torch.cuda.set_stream": "side_stream", "torch.set_float32_matmul_precision": "tf32",
     "torch.Tensor._make_subclass": "tensor_subclass", "torch.Tensor._make_wrapper_subclass": "tensor_subclass",
     "torch.library.Library": "monkeypatch", "torch.library.impl": "monkeypatch",
+    "torch.compile": "torch_compile",   # inductor would write the kernels, not the candidate
 }
 _BANNED_ATTRS = {  # attribute names, whatever object they hang off
     "__torch_function__": "torch_function", "__torch_dispatch__": "torch_function", "as_subclass": "tensor_subclass",
@@ -178,7 +179,8 @@ _BANNED_ATTRS = {  # attribute names, whatever object they hang off
 }
 _TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
                "allow_bf16_reduced_precision_reduction"}
-_PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "triton", "numpy", "math", "os", "gc"}
+_PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "triton", "numpy", "math", "gc"}  # (not os:
+# candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], which is harmless)
 _DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
 _STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
 

@@ -486,6 +486,7 @@ def test_harness_static_check_sources():
             'src = """__global__ void k(float* x) {{ {body} }}"""\n'
             'ext = load_inline(name="e", cpp_sources="", cuda_sources=src)\nclass ModelNew(nn.Module):\n    pass\n')
     assert check(cuda.format(body="")) is None
+    assert check("import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'\n" + cuda.format(body="")) is None
     hit = check(cuda.format(body="auto s = at::cuda::getStreamFromPool();"))
     assert hit.error_kind == "reward_hack" and hit.details["check"] == "side_stream"
     assert check(cuda.replace("__global__", "")).error_kind == "format"
@@ -494,7 +495,10 @@ def test_harness_static_check_sources():
                        ("torch.set_float32_matmul_precision('high')", "tf32"), ("exec('x=1')", "dynamic_code"),
                        ("import time\ntime.perf_counter = lambda: 0.0", "monkeypatch"),
                        ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
-                       ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch")]:
+                       ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
+                       ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
+                       ("import sys\nsys.settrace(None)", "introspection"),
+                       ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
         hit = check(line + "\n" + cuda.format(body=""))
         assert hit is not None and hit.details["check"] == name, (line, hit)
 
