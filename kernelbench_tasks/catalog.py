@@ -486,18 +486,25 @@ def _dotted(node):
 
 
 def _usage(src):
-    """(dotted torch names, method names, operator names, attribute names) used outside get_inputs/get_init_inputs."""
+    """(dotted torch names, method names, operator names, attribute names) used outside get_inputs/get_init_inputs.
+
+    Operators count only outside __init__ (`1.0 / math.sqrt(d)` there is scalar set-up, not a tensor op), and
+    `self.norm(x)` is a submodule call, not the tensor method `norm`.
+    """
     tree = ast.parse(src)
     aliases = _import_aliases(tree)
     body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in ("get_inputs", "get_init_inputs"))
             and not isinstance(n, (ast.Import, ast.ImportFrom))]
+    in_init = {id(sub) for top in body for f in ast.walk(top) if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+               for sub in ast.walk(f)}
     names, methods, ops, attrs = set(), set(), set(), set()
     for node in (sub for top in body for sub in ast.walk(top)):
-        if isinstance(node, (ast.BinOp, ast.AugAssign)):
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and id(node) not in in_init:
             ops.add(type(node.op).__name__)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             chain = _dotted(node.func)
-            if chain is None or chain[0] not in aliases:  # a method on a tensor expression: x.sum(), (a * b).softmax()
+            # a method on a tensor expression: x.sum(), (a * b).softmax(), self.weight.sum(); not self.op(x)
+            if chain is None or (chain[0] not in aliases and chain[:1] != ["self"]) or len(chain) > 2:
                 methods.add(node.func.attr)
         if isinstance(node, (ast.Attribute, ast.Name)):
             chain = _dotted(node)
