@@ -369,6 +369,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict) -> dict:
                         "error": f"{phase} phase timed out after {limits[phase]:.0f} s", "details": {"phase": phase}}
             try:
                 message = worker.conn.recv()
+                if message[0] == "ready":
+                    worker.conn.send(job)
             except (EOFError, OSError):
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     worker.proc.wait(timeout=5)
@@ -377,9 +379,7 @@ def _run_job(worker: _Worker, job: dict, limits: dict) -> dict:
                 return {"error_kind": "crash", "compiled": phase == "run",
                         "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
                         "details": {"phase": phase, "returncode": rc}}
-            if message[0] == "ready":
-                worker.conn.send(job)
-            elif message[0] == "phase":
+            if message[0] == "phase":
                 phase = message[1]
                 deadline = time.monotonic() + limits[phase]
             elif message[0] == "result":
@@ -551,7 +551,9 @@ class _Instrumentation:
             a = signature.bind(*args, **kwargs).arguments
             sources = a.get("cuda_sources") or []
             self.builds.append({"name": a.get("name"), "cuda_sources": [sources] if isinstance(sources, str) else list(sources)})
-            return build(*args, **kwargs)
+            module = build(*args, **kwargs)
+            self.builds[-1]["how"] = getattr(module, "__kz_build__", "torch")   # fast / plain / cached-... / torch
+            return module
         cpp.load_inline = load_inline
 
     def _patch_triton_run(self) -> None:
@@ -831,6 +833,8 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
     except Exception as e:
         return None, instr, _fail(_classify(e) if _classify(e) == "crash" else "compile", _format_exception(e), details)
     compile_s = time.perf_counter() - start
+    if instr.builds:
+        details["builds"] = [b.get("how") for b in instr.builds]
     if not isinstance(getattr(cand, "ModelNew", None), type):
         return None, instr, _fail("format", "the candidate defines no class ModelNew", details, compiled=True)
     hit = instr.verify()
