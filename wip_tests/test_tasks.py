@@ -134,15 +134,18 @@ def test_tasks_catalog_size_and_fields():
 
 @pytest.mark.parametrize("name", [e["name"] for e in catalog.CATALOG])
 def test_tasks_catalog_template_runs(name):
-    """The call template runs on example inputs of every listed rank (fp32), and counts as using its API."""
+    """The call template runs on example inputs of every listed rank and dtype, keeps the dtype, and counts as
+    using its API."""
     entry = catalog.lookup(name)
     for rank in entry["ranks"]:
-        src = catalog.example_module_source(entry, rank=rank)
-        out = _tasks_run_module(src)
-        assert isinstance(out, torch.Tensor), f"{name} rank {rank}: {type(out)}"
-        assert out.numel() > 0
-        if out.is_floating_point():
-            assert torch.isfinite(out).all(), f"{name} rank {rank}: non-finite output"
+        for dtype in entry["dtypes"]:
+            src = catalog.example_module_source(entry, rank=rank, dtype=dtype)
+            out = _tasks_run_module(src)
+            assert isinstance(out, torch.Tensor), f"{name} rank {rank} {dtype}: {type(out)}"
+            assert out.numel() > 0
+            if out.is_floating_point():
+                assert out.dtype == getattr(torch, dtype), f"{name} rank {rank}: {out.dtype} != {dtype}"
+                assert torch.isfinite(out).all(), f"{name} rank {rank} {dtype}: non-finite output"
         assert catalog.module_uses_apis(src, [entry]) == [], name
 
 
