@@ -10,10 +10,13 @@ ranks and dtypes it is meant for, and small example shapes. KernelZero's Propose
     catalog.module_uses_apis(module_src, apis) == []                # it really uses every API of the set
     catalog.normalized_source_hash(module_src)                      # de-duplication, and "not a held-out task"
 
-How it departs from KernelZero. The paper samples "API sets" from PyTorch; its catalog is not public. This one is
-hand-written: one entry per operation, with its equivalent spellings (F.relu / torch.relu / nn.ReLU / x.relu())
-counted as the same API, and sets drawn so that they compose into one module (at most one matmul or conv, one loss,
-one norm, ... and a rank that every API of the set accepts).
+How it departs from KernelZero (the paper samples "API sets" from PyTorch; its catalog is not public):
+1. Hand-written, ~110 entries; equivalent spellings (F.relu / torch.relu / nn.ReLU / x.relu()) are one API.
+2. Sets are drawn to compose into one module: at most one matmul or conv, one loss, one norm, one pooling, one scan,
+   one shape op, two reductions, and a rank that every API of the set accepts (KIND_CAPS, _compatible).
+3. "Uses the API" is a static AST check (module_uses_apis); operators count for their functions (x @ y is
+   torch.matmul), operators inside __init__ do not. A module could still call an API on a dead branch.
+4. De-duplication is by exact normalised-AST hash (normalized_source_hash), not by embedding similarity.
 
 Entry fields (all plain data, JSON-serialisable):
     name            canonical dotted name, unique ("torch.nn.functional.gelu", "torch.nn.Conv2d", "torch.Tensor.permute")
@@ -29,7 +32,8 @@ Entry fields (all plain data, JSON-serialisable):
     domains         {input name: "normal" | "positive" | "unit" | "prob" | "logprob" | "int:N"} (default "normal":
                     torch.randn; "int:N" is torch.randint(0, N); "unit" is torch.rand)
     aliases         other dotted names that count as using this API (functional / module / torch.* spellings)
-    methods         tensor-method names that count (x.sum(...)); operators: AST operator names (ast.Add -> "Add")
+    methods         tensor-method names that count (x.sum(...))
+    operators       AST operator names that count (ast.Add -> "Add" for torch.add, "MatMult" for torch.matmul)
     attrs           tensor attributes that count (x.T, x.mT)
     notes           what a module author must know (e.g. a fresh BatchNorm in eval mode is nearly the identity)
 
