@@ -615,6 +615,17 @@ class _Normalise(ast.NodeTransformer):
         return node
 
 
+def _dump(node):
+    """ast.dump without the empty and None fields, so the text (and the hash) is the same on Python 3.11 and 3.12
+    (3.12 added FunctionDef.type_params, an empty list in all our modules)."""
+    if isinstance(node, ast.AST):
+        fields = [(f, getattr(node, f, None)) for f in node._fields]
+        return "(" + " ".join([type(node).__name__] + [f"{f}={_dump(v)}" for f, v in fields if v not in (None, [])]) + ")"
+    if isinstance(node, list):
+        return "[" + ", ".join(_dump(x) for x in node) + "]"
+    return repr(node)
+
+
 def normalized_source_hash(src, ignore_constants=False):
     """sha256 hex of the module's AST without docstrings, comments, annotations, import spellings and local names.
 
@@ -639,7 +650,7 @@ def normalized_source_hash(src, ignore_constants=False):
             bound_attrs.add(node.attr)
     bound -= set(aliases)
     tree = _Normalise(aliases, bound, bound_attrs, ignore_constants).visit(tree)
-    return hashlib.sha256(ast.dump(tree, annotate_fields=False).encode()).hexdigest()
+    return hashlib.sha256(_dump(tree).encode()).hexdigest()
 
 
 if __name__ == "__main__":
