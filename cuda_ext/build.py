@@ -84,12 +84,36 @@ def aten_op_names() -> frozenset:
         return frozenset(re.findall(r"#include <ATen/ops/(\w+)\.h>", f.read()))
 
 
-def op_headers(source: str) -> list[str]:
-    """ATen/ops/NAME.h for every NAME( in the source that is an ATen operator: torch::empty_like(, at::zeros(, and
-    also unqualified calls (an unqualified relu(t) on a Tensor finds at::relu by argument-dependent lookup in a plain
-    build, so it must see the same declarations here). Device-side max(/exp( match too; an extra real header is
-    harmless, it only costs a little parse time (the first one costs the most: ATen/Context.h and IValue)."""
-    return sorted(f"ATen/ops/{n}.h" for n in set(CALL_RE.findall(source)) & aten_op_names())
+def op_names(source: str) -> list[str]:
+    """Every NAME( in the source that is an ATen operator: torch::empty_like(, at::zeros(, and also unqualified
+    calls (an unqualified relu(t) on a Tensor finds at::relu by argument-dependent lookup in a plain build, so the
+    fast build must see the same declarations). Device-side max(/exp( match too: an extra declaration is harmless."""
+    return sorted(set(CALL_RE.findall(source)) & aten_op_names())
+
+
+# The generated per-operator headers (ATen/ops/NAME.h) all include the same list; these four are heavy (together
+# ~66k preprocessed lines: ATen/Context.h, and IValue via ATen/DeviceGuard.h) and the inline wrappers in the header
+# never use them. Measured (nvcc -c, CPU s): prelude alone 14-17 s, prelude + real ATen/ops/empty_like.h 28-32 s.
+HEAVY_OP_INCLUDES = ("ATen/Context.h", "ATen/DeviceGuard.h", "ATen/TensorUtils.h", "ATen/TracerMode.h")
+HEAVY_INCLUDE_RE = re.compile(r"^#include <(%s)>\n" % "|".join(re.escape(h) for h in HEAVY_OP_INCLUDES), re.M)
+# A source that itself includes per-operator headers would see our copies twice (redefinitions): real headers then.
+OWN_OP_HEADERS_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]ATen/(ops/|Functions\.h|NativeFunctions\.h|native/)',
+                               re.M)
+
+
+def op_declarations(names: list[str], real_headers: bool = False) -> list[str]:
+    """The declarations of these operators: the real per-operator header, pasted without its four heavy includes
+    and its `#pragma once` (its other includes, e.g. ATen/ops/NAME_ops.h, stay: they are light). The pasted text is
+    token for token the real header's, so the fast .cu and main.cpp (which includes the real one) agree (ODR)."""
+    if real_headers:
+        return [f"#include <ATen/ops/{n}.h>" for n in names]
+    out = []
+    for n in names:
+        with open(os.path.join(torch_include_dir(), "ATen", "ops", f"{n}.h")) as f:
+            text = f.read()
+        out.append(f"// [kz] ATen/ops/{n}.h without {', '.join(HEAVY_OP_INCLUDES)}")
+        out.append(HEAVY_INCLUDE_RE.sub("", text).replace("#pragma once\n", ""))
+    return out
 
 
 def fast_cuda_source(cuda_sources: list[str]) -> str:
@@ -99,8 +123,8 @@ def fast_cuda_source(cuda_sources: list[str]) -> str:
                            "\n".join(cuda_sources))
     with open(PRELUDE_PATH) as f:
         prelude = f.read()
-    ops = [f"#include <{h}>" for h in op_headers(body)]
-    return "\n".join([prelude, "// [kz] per-operator headers for the ATen operators this source calls", *ops,
+    ops = op_declarations(op_names(body), real_headers=OWN_OP_HEADERS_RE.search(body) is not None)
+    return "\n".join([prelude, "// [kz] declarations of the ATen operators this source calls", *ops,
                       "#include <cuda.h>", "#include <cuda_runtime.h>", body])
 
 

@@ -56,9 +56,15 @@ def test_cudabuild_include_rewriting_and_op_headers():
         assert not any(umbrella in line for line in active), umbrella
     assert "#include <ATen/cuda/CUDAContext.h>" in active            # a specific header is kept as written
     assert "#include <ATen/core/Tensor.h>" in active                  # the prelude is pasted in
-    assert {"#include <ATen/ops/empty_like.h>", "#include <ATen/ops/zeros.h>"} <= set(active)
-    assert not any("my_helper" in line or "ops/f.h" in line for line in active)
-    assert cu.index("ATen/ops/empty_like.h") < cu.index("__global__")  # declarations before use
+    # the operators it calls are declared by the real per-op headers' text, minus their four heavy includes
+    assert {"#include <ATen/ops/empty_like_ops.h>", "#include <ATen/ops/zeros_ops.h>"} <= set(active)
+    assert "inline at::Tensor empty_like(const at::Tensor & self" in cu
+    assert not set(active) & {f"#include <{h}>" for h in build.HEAVY_OP_INCLUDES}
+    assert not any("my_helper" in line or "ops/f.h" in line or "pragma once" in line for line in active)
+    assert cu.index("inline at::Tensor empty_like(") < cu.index("__global__")  # declarations before use
+    # a source that includes per-op headers itself gets the real ones (our copies would be redefinitions)
+    own = build.fast_cuda_source(["#include <ATen/ops/zeros.h>\n" + src])
+    assert "#include <ATen/ops/empty_like.h>" in own and "inline at::Tensor empty_like(" not in own
 
 
 def test_cudabuild_prelude_only_uses_headers_that_plain_includes():
@@ -77,8 +83,23 @@ def test_cudabuild_prelude_only_uses_headers_that_plain_includes():
     assert set(prelude) <= deps, set(prelude) - deps
     ops = {f"ATen/ops/{n}.h" for n in build.aten_op_names()}
     assert len(ops) > 1000 and ops <= deps
+    pasted = "\n".join(build.op_declarations(sorted(build.aten_op_names())))   # what the pasted copies include
+    assert {h for h in re.findall(r"^#include <([^>]+)>", pasted, re.M) if "/" in h} <= deps   # (not <optional>)
     for cuda_only in ("c10/cuda/CUDAStream.h", "ATen/cuda/CUDAContext.h"):   # why the prelude leaves them out
         assert cuda_only not in deps
+
+
+def test_cudabuild_every_pasted_op_declaration_compiles_with_the_prelude(tmp_path):
+    """All ~1,350 per-operator wrappers, pasted without their heavy includes, compile on top of the prelude alone
+    (g++ host syntax check, ~10 s): no operator call makes the fast build fail for a missing include."""
+    inc = build.torch_include_dir()
+    src = tmp_path / "all_ops.cpp"
+    src.write_text(open(build.PRELUDE_PATH).read() + "\n".join(build.op_declarations(sorted(build.aten_op_names())))
+                   + "\nat::Tensor f(at::Tensor t) { return torch::empty_like(t).add(torch::zeros({3}, torch::kF32)); }\n")
+    cmd = ["g++", "-fsyntax-only", "-Wno-unknown-pragmas", build.torch_cxx_std(), "-DTORCH_API_INCLUDE_EXTENSION_H",
+           "-isystem", inc, "-isystem", os.path.join(inc, "torch", "csrc", "api", "include"), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_cudabuild_main_cpp_is_what_torch_writes(tmp_path, monkeypatch):
