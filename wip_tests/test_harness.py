@@ -517,6 +517,19 @@ def test_harness_instrumentation_counts_threads():
         worker.join()
 
 
+def test_harness_build_patch_does_not_trip_the_snapshot():
+    import torch.utils.cpp_extension as cpp
+    original = cpp.load_inline
+    try:
+        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
+        assert cpp.load_inline is not original
+        assert instr.verify() is None
+        cpp.load_inline = original   # what a candidate restoring/replacing it would do
+        assert instr.verify()[0] == "monkeypatch"
+    finally:
+        cpp.load_inline = original
+
+
 def test_harness_extract_code():
     assert eh.extract_code("text\n```python\na = 1\n```\nmore\n```python\nb = 2\n```\nend") == "b = 2"
     assert eh.extract_code("```\nc = 3\n```") == "c = 3"
