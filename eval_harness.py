@@ -1378,13 +1378,12 @@ def main(argv: list[str] | None = None) -> int:
         all_ok = True
         workers = max(1, len(os.sched_getaffinity(0)) if device == "cpu" else 1)   # one GPU lint at a time
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:   # each lint_task is its own worker process
-            reports = list(ex.map(lambda path: lint_task(_read(path), device=device), files))
-        for path, report in zip(files, reports):
-            all_ok &= report["ok"]
-            if args.json:
-                print(json.dumps({"path": path, **report}), flush=True)
-            else:
-                print(f"{path}: {'ok' if report['ok'] else 'FAIL'}" + "".join(f"\n  {p}" for p in report["problems"]))
+            for path, report in zip(files, ex.map(lambda path: lint_task(_read(path), device=device), files)):
+                all_ok &= report["ok"]   # (printed in order, as soon as available)
+                if args.json:
+                    print(json.dumps({"path": path, **report}), flush=True)
+                else:
+                    print(f"{path}: {'ok' if report['ok'] else 'FAIL'}" + "".join(f"\n  {p}" for p in report["problems"]))
         return 0 if all_ok else 1
 
     backend = args.backend or ("cuda" if device == "cuda" else "triton")
