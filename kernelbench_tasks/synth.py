@@ -42,6 +42,7 @@ import random
 import time
 from dataclasses import dataclass
 
+import torch
 from tqdm import tqdm
 
 from kernelbench_tasks import catalog
@@ -595,6 +596,8 @@ def draw_pairs(n, backend, seed):
 def generate_pairs(n, backend, seed, verify=True, device=None, workers=None, trials=2, progress=True):
     """(pairs that verified, stats). verify=False returns every drawn pair unchecked."""
     assert backend in ("triton", "cuda"), backend
+    if verify and backend == "cuda" and (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cuda":
+        raise ValueError("verifying CUDA pairs needs a GPU: run with --device cuda on the GPU node, or --no-verify")
     t0 = time.time()
     drawn, skipped = draw_pairs(n, backend, seed)
     stats = {"n": n, "backend": backend, "seed": seed, "skipped_draws": skipped, "verified": verify,

@@ -217,6 +217,12 @@ def test_solutions_synth_redraws_a_held_out_collision(monkeypatch):
     assert all(catalog.normalized_source_hash(p["module"], ignore_constants=True) != banned for p in pairs)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_solutions_synth_cuda_verify_without_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs a GPU"):
+        synth.generate_pairs(2, "cuda", seed=0, verify=True)
+
+
 def test_solutions_synth_yield_on_cpu():
     """Verified by the harness (Triton interpreter): at least 95% of a small batch passes."""
     n = 24
