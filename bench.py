@@ -324,10 +324,24 @@ def record(cfg: Config, section: str, result: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def ninja_steps(directory: str) -> dict:
+    """Seconds per build step (main.o, cuda.cuda.o, the .so link) from the .ninja_log files under `directory`."""
+    steps = {}
+    for here, _, files in os.walk(directory):
+        if ".ninja_log" in files:
+            for line in open(os.path.join(here, ".ninja_log")).read().splitlines()[1:]:
+                start, end, _, output, _ = line.split("\t")
+                steps["link" if output.endswith(".so") else output] = (int(end) - int(start)) / 1000
+    return steps
+
+
 def build_once(job: dict) -> dict:
-    """One build in a fresh process (Pool(maxtasksperchild=1)): torch's import is not timed, the build is."""
+    """One build in a fresh process (Pool(maxtasksperchild=1)): torch's import and the CUDA initialisation (the
+    candidate's process does both anyway, and torch needs the GPU to pick the arch) are not timed, the build is."""
     from cuda_ext import build
+    torch.cuda.init()
     pieces = {k: job[k] for k in ("name", "cpp_sources", "cuda_sources", "functions", "extra_cuda_cflags")}
+    os.makedirs(job["root"], exist_ok=True)
     t0 = time.perf_counter()
     try:
         if job["mode"] == "fast":
@@ -337,7 +351,8 @@ def build_once(job: dict) -> dict:
         path, error = getattr(module, "__kz_build__", "plain"), ""
     except Exception as e:   # noqa: BLE001  a failed build is a result too
         path, error = "failed", str(e)[-300:]
-    return {"mode": job["mode"], "seconds": time.perf_counter() - t0, "path": path, "error": error}
+    return {"mode": job["mode"], "seconds": time.perf_counter() - t0, "path": path, "error": error,
+            "steps": ninja_steps(job["root"])}
 
 
 def in_fresh_processes(jobs: list[dict], parallel: int) -> list[dict]:
@@ -378,6 +393,10 @@ def bench_cold_warm(cfg: Config, tag: str, sections: set) -> None:
         rows.append(["median", "", med["plain"], med["fast"], med["fast"] / med["plain"], ""])
         table(f"(a) cold builds, seconds (fresh process and build directory each; {cfg.parallel_builds} of a kind at "
               f"a time)", ["#", "candidate", "plain", "fast", "fast/plain", "fast path"], rows)
+        steps = sorted({k for m in results for r in results[m] for k in r["steps"]})
+        table("(a) median seconds per ninja step (the two compiles run in parallel; the link waits for both)",
+              ["mode", *steps], [[m, *[statistics.median([r["steps"].get(k, 0.0) for r in results[m]]) for k in steps]]
+                                 for m in results])
         record(cfg, "cold", {"pch_build_s": pch_s, "parallel_builds": cfg.parallel_builds, "median_plain_s": med["plain"],
                              "median_fast_s": med["fast"], "ratio": med["fast"] / med["plain"], "builds": results})
     if "warm" in sections:

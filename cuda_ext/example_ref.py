@@ -14,7 +14,8 @@ class Model(nn.Module):
         return a + b
 
 
-N = 4096 * 4096   # 16M floats: ~60 us on an H200 (memory bound), well under a second eager on a CPU
+N = 1 << 20   # small on purpose: the Coder reads this example, and the CPU tests run it under the Triton
+             # interpreter (our benchmark tasks are larger: >= ~50 us eager on an H200)
 
 
 def get_inputs():

@@ -113,6 +113,32 @@ def test_cudabuild_main_cpp_is_what_torch_writes(tmp_path, monkeypatch):
         assert (tmp_path / "main.cpp").read_text() == mine
 
 
+def test_cudabuild_pch_built_once_skipped_when_locked_or_failing(tmp_path, monkeypatch):
+    import fcntl
+    fake_cxx, log = tmp_path / "fake-c++", tmp_path / "runs.log"   # writes its -o file; exit status $KZ_FAKE_RC
+    fake_cxx.write_text(f'#!/bin/sh\necho run >> {log}\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && echo pch > "$2"; shift; '
+                        'done\nexit ${KZ_FAKE_RC:-0}\n')
+    fake_cxx.chmod(0o755)
+    runs = lambda: len(log.read_text().split()) if log.exists() else 0   # noqa: E731
+    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path / "cache"))
+    build.tool_versions()   # (cached) asks the real compilers for their versions, before we swap in the fake
+    monkeypatch.setattr(build.cpp_extension, "get_cxx_compiler", lambda: str(fake_cxx))
+    monkeypatch.setattr(build, "host_flags", lambda cflags, includes: ["-fPIC", *cflags])
+    root = build.ensure_pch([], [])
+    assert root and open(os.path.join(root, "torch", "extension.h.gch")).read() == "pch\n"
+    assert build.ensure_pch([], []) == root and runs() == 1             # built once, then found
+    locked = build.ensure_pch(["-O3"], [])                              # learn the -O3 directory, then empty it
+    shutil.rmtree(locked)
+    os.makedirs(locked)
+    with open(os.path.join(locked, "lock"), "w") as held:               # someone else is building it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert build.ensure_pch(["-O3"], []) is None and runs() == 2    # compile without it, do not wait
+    monkeypatch.setenv("KZ_FAKE_RC", "1")
+    assert build.ensure_pch(["-O2"], []) is None and build.ensure_pch(["-O2"], []) is None
+    assert runs() == 3                                                  # a failing PCH build is not retried
+    assert build.ensure_pch(["-g"], [], max_pchs=3) is None and runs() == 3   # the disk cap
+
+
 def _cudabuild_patch(monkeypatch, tmp_path, fast=None, plain=None):
     """Point the cache at tmp_path, skip the PCH, and replace the two compilers; returns the call log."""
     calls = []
