@@ -265,29 +265,28 @@ def test_cudabuild_triton_example_is_correct_on_cpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cudabuild_gpu_fast_build_runs_and_matches(tmp_path, monkeypatch):
-    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))   # cold (the PCH is built here too, once)
-    ext = build.fast_load_inline(**_cudabuild_example_pieces())
+def test_cudabuild_gpu_fast_build_runs_and_matches(tmp_path):
+    # a cold build in a fresh directory (the machine's PCH in cache_root() is reused, or built once here)
+    ext = build.fast_load_inline(**_cudabuild_example_pieces(), build_directory=str(tmp_path))
     assert ext.__kz_build__ == "fast"   # not the plain fallback
     a, b = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
     torch.testing.assert_close(ext.elementwise_add_cuda(a, b), a + b)
-    again = build.fast_load_inline(**_cudabuild_example_pieces())
+    again = build.fast_load_inline(**_cudabuild_example_pieces(), build_directory=str(tmp_path))
     assert again.__kz_build__ == "cached-fast"
     torch.testing.assert_close(again.elementwise_add_cuda(a, b), a + b)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cudabuild_gpu_source_that_fails_plain_fails_fast(tmp_path, monkeypatch):
+def test_cudabuild_gpu_source_that_fails_plain_fails_fast(tmp_path):
     """A kernel that uses the CUDA stream API without including its header: plain fails, so fast must too."""
-    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))
     pieces = _cudabuild_example_pieces()
     pieces["cuda_sources"] = pieces["cuda_sources"].replace(
         "<<<blocks, threads>>>", "<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>")
     with pytest.raises(RuntimeError):
         build.PLAIN_LOAD_INLINE(**pieces, build_directory=str(tmp_path))
     with pytest.raises(RuntimeError):
-        build.fast_load_inline(**pieces)
+        build.fast_load_inline(**pieces, build_directory=str(tmp_path / "fast"))
 
 
 @pytest.mark.gpu
