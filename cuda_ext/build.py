@@ -26,6 +26,13 @@ How it departs from torch's load_inline (each choice is measured; numbers in the
 Everything else (compiler flags, link flags, ninja, the import) is torch's own `cpp_extension.load()`, so the
 fast build only differs from plain in the .cu text, the arch flag and the PCH include directory.
 
+Known limits: the .cu sees a subset of plain's declarations, so a source can only fail the fast compile where plain
+succeeds (then plain runs: slower, same verdict), e.g. Tensor operators (`a + b`: ATen/TensorOperators.h drags in
+all of ATen/Functions.h). In the .cu, torch::empty & co. resolve to at::empty & co. (plain: torch's autograd-aware
+wrappers of them), which differ only for factory calls asking for requires_grad=True. A source that compiles fast
+but would fail plain needs a clash with a declaration the prelude leaves out; the operators a source calls are
+always declared, for that reason (see op_names).
+
 Use it:
     from cuda_ext.build import fast_load_inline
     ext = fast_load_inline("add", cpp_sources=CPP, cuda_sources=CU, functions=["add_cuda"])
@@ -152,8 +159,8 @@ def main_cpp_source(cpp_sources: list[str], functions, with_pytorch_error_handli
 # Flags: one GPU architecture, and the flags main.cpp is compiled with (the PCH must be built with the same ones)
 
 def arch_flags(extra_cuda_cflags: list[str]) -> list[str]:
-    """-gencode for the current GPU only. torch adds the same SASS plus a PTX copy (compiled by a second ptxas-less
-    pass); one arch is all a candidate needs on the machine that runs it. A user arch flag wins, as in torch."""
+    """-gencode for the current GPU only (torch also embeds PTX for the newest visible arch, which a candidate that
+    runs on this machine never needs). A user arch flag wins, as in torch."""
     if any("arch" in f for f in extra_cuda_cflags):
         return []
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):   # the harness sets it in its compile workers: torch's own parsing
