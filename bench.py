@@ -126,8 +126,10 @@ def get_init_inputs():
 '''
 
 
-def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: bool, cuda_flags: list) -> dict:
-    """load_inline pieces of an elementwise CUDA candidate; `label` says how it is broken ("ok": not)."""
+def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: bool, cuda_flags: list,
+                     stream: bool = False) -> dict:
+    """load_inline pieces of an elementwise CUDA candidate; `label` says how it is broken ("ok": not). `stream`:
+    launch on at::cuda::getCurrentCUDAStream() (a common pattern; needs <ATen/cuda/CUDAContext.h>)."""
     expr = OPS[WRONG_OP[op] if label == "wrong" else op][1]
     end = ";" if label != "fail" else ""   # "fail": a missing semicolon, a compile error
     if grid_stride:
@@ -139,8 +141,10 @@ def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: b
         loop = (f"int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) {{\n"
                 f"        float x = a[i], y = b[i];\n        out[i] = {expr}{end}\n    }}")
         blocks = f"(n + {threads} - 1) / {threads}"
+    include = "#include <ATen/cuda/CUDAContext.h>\n" if stream else ""
+    launch = f"<<<{blocks}, {threads}, 0, at::cuda::getCurrentCUDAStream()>>>" if stream else f"<<<{blocks}, {threads}>>>"
     cuda = f"""#include <torch/extension.h>
-
+{include}
 __global__ void ew_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int64_t n) {{
     // kz-bench {tag}
     {loop}
@@ -152,7 +156,7 @@ torch::Tensor ew_forward(torch::Tensor a, torch::Tensor b) {{
     b = b.contiguous();
     auto out = torch::empty_like(a);
     int64_t n = a.numel();
-    ew_kernel<<<{blocks}, {threads}>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
+    ew_kernel{launch}(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
     return out;
 }}
 """
@@ -296,7 +300,8 @@ def candidates(backend: str, count: int, tag: str, seed: int = 0, n: int = 1 << 
         else:
             op = list(OPS)[j % len(OPS)]
             ref = ref_elementwise(op, n)
-            cand = (cuda_module(cuda_elementwise(op, t, label, threads, j % 2 == 0, ["-O3", "--use_fast_math"][: j % 3]))
+            cand = (cuda_module(cuda_elementwise(op, t, label, threads, j % 2 == 0, ["-O3", "--use_fast_math"][: j % 3],
+                                                 stream=j % 3 == 1))
                     if backend == "cuda" else triton_elementwise(op, t, label, (1024, 2048, 4096)[j % 3]))
         out.append((ref, cand, label))
     return out
@@ -486,7 +491,7 @@ def bench_throughput(cfg: Config, tag: str) -> None:
                             "agree_with_labels": agree, "agree_with_baseline": base_agree,
                             "compile_s": [r.compile_s for r in results]}
         mismatched = [(i, p[2], k) for i, (p, k) in enumerate(zip(pairs, paths)) if coarse(k) != p[2]]
-        if mismatched:
+        if mismatched:   # (every 3rd CUDA candidate includes <ATen/cuda/CUDAContext.h>: it needs cuSPARSE headers)
             print(f"{backend}: verdicts that differ from the generated label (index, label, harness): {mismatched}")
     table("(c) throughput, seconds: Evaluator vs one-after-another in one process with plain load_inline "
           "(est. = the baseline ran on a subset and is extrapolated per candidate)",
