@@ -1107,7 +1107,7 @@ def _job_lint(job: dict, send) -> dict:
             problems.append(f"output {i} contains NaN/inf")
             continue
         fakes = {"zeros": torch.zeros_like(r)}
-        if r.is_floating_point() and r.numel():
+        if r.is_floating_point() and r.numel() > 1:   # (a single value is its own mean: a loss is not degenerate)
             fakes["constant (its mean)"] = torch.full_like(r, float(r.float().mean()))
             if first_float is not None:
                 fakes["mean of the input"] = torch.full_like(r, float(first_float.float().mean()))

@@ -627,7 +627,10 @@ def test_harness_lint_good_and_degenerate_tasks():
         "kernelbench_style_conv": (CONV_TASK, {}),
         "relu_on_rand": (RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), {}),   # ReLU is the identity
         "tiny_output": (RELU_TASK.replace("torch.relu(x)", "torch.relu(x) * 1e-6"), {}),
-        "mean_of_rand": (MEAN_TASK, {}),   # the mean of the input passes
+        "cross_entropy": (CE_TASK, {}),   # a scalar loss is not degenerate
+        "mean_of_rand": (MEAN_TASK.replace("torch.mean(x).reshape(1)", "x.reshape(16, -1).mean(dim=1)")
+                         .replace("torch.rand(65536)", "torch.rand(262144)"),
+                         {"atol": 1e-2, "rtol": 1e-2}),   # row means of rand: the input mean passes at 1e-2
         "dropout": (RELU_TASK.replace("torch.relu(x)", "torch.nn.functional.dropout(x, 0.5, training=True)"), {}),
         "broken": (RELU_TASK.replace("return torch.relu(x)", "raise RuntimeError('bad task')"), {}),
         "too_big": (RELU_TASK, {"max_input_mb": 0.01}),   # 16 KB of input against a 10 KB limit
@@ -640,6 +643,7 @@ def test_harness_lint_good_and_degenerate_tasks():
         return any(text in p for p in reports[name]["problems"]) and not reports[name]["ok"]
     assert reports["good"]["ok"] and reports["good"]["input_mb"] > 0 and reports["good"]["eager_ms"] is not None
     assert reports["kernelbench_style_conv"]["ok"], reports["kernelbench_style_conv"]
+    assert reports["cross_entropy"]["ok"], reports["cross_entropy"]
     assert has("relu_on_rand", "identity") and has("tiny_output", "zeros") and has("mean_of_rand", "mean")
     assert has("dropout", "deterministic") and has("broken", "bad task") and has("too_big", "MB")
     assert has("missing", "missing Model")
