@@ -478,7 +478,7 @@ def bench_throughput(cfg: Config, tag: str) -> None:
         harness_s = time.perf_counter() - t0
         got = [coarse(r.error_kind) for r in results]
         agree = sum(g == label for g, (_, _, label) in zip(got, pairs))
-        paths = [r.error_kind for r in results]
+        kinds = [r.error_kind for r in results]
         # the sequential baseline: a subset, in this process, with torch's plain load_inline (fresh extension dir)
         n_base = min(cfg.baseline_cuda if backend == "cuda" else cfg.baseline_triton, len(pairs))
         os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="kzbench_torch_ext_")
@@ -494,12 +494,12 @@ def bench_throughput(cfg: Config, tag: str) -> None:
                      base_total / harness_s, f"{agree}/{len(pairs)}", f"{base_agree}/{n_base}"])
         summary[backend] = {"n": len(pairs), "harness_s": harness_s, "baseline_measured": n_base,
                             "baseline_measured_s": base_s, "baseline_total_s": base_total,
-                            "labels": [p[2] for p in pairs], "harness": paths, "baseline": dict(zip(subset, base)),
+                            "labels": [p[2] for p in pairs], "harness": kinds, "baseline": dict(zip(subset, base)),
                             "agree_with_labels": agree, "agree_with_baseline": base_agree,
                             "compile_s": [r.compile_s for r in results]}
-        mismatched = [(i, p[2], k) for i, (p, k) in enumerate(zip(pairs, paths)) if coarse(k) != p[2]]
-        if mismatched:   # (every 3rd CUDA candidate includes <ATen/cuda/CUDAContext.h>: it needs cuSPARSE headers)
-            print(f"{backend}: verdicts that differ from the generated label (index, label, harness): {mismatched}")
+        for i, ((_, _, label), r) in enumerate(zip(pairs, results)):   # (every 3rd CUDA candidate includes
+            if coarse(r.error_kind) != label:                            # ATen/cuda/CUDAContext.h: cuSPARSE headers)
+                print(f"{backend} #{i}: labelled {label}, harness says {r.error_kind}: {r.error[:300]!r}")
     table("(c) throughput, seconds: Evaluator vs one-after-another in one process with plain load_inline "
           "(est. = the baseline ran on a subset and is extrapolated per candidate)",
           ["backend", "candidates", "harness", "sequential", "speedup", "harness=label", "baseline=harness"], rows)
