@@ -1052,6 +1052,7 @@ def main(cfg):
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             print(console_line(rec))
+            print("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
             state["round"] += 1
             state["metrics_lines"] += 1
             t1 = time.perf_counter()

