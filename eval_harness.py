@@ -419,13 +419,6 @@ def _worker_main(fd: int) -> None:
     if device == "cuda" and role == "run":
         torch.cuda.init()
     threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class PassThrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-    with PassThrough():   # the first dispatch mode imports torch._dynamo (seconds): do it while idle
-        torch.zeros(1).add_(1)
     conn.send(("ready", os.getpid()))
     job = conn.recv()
     try:
@@ -519,16 +512,15 @@ class _Instrumentation:
         self.problems = []                      # deterministic/fill flags flipped inside a candidate call
         instr = self
 
-        class OpRecorder(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = func.overloadpacket.__name__
-                if instr.recording and not instr.paused and name not in _GLUE_OPS:
-                    instr.ops[name] += 1
-                return func(*args, **(kwargs or {}))
-
-        self.recorder = OpRecorder()
-        with self.recorder:   # first use imports torch._dynamo, which wraps torch.manual_seed: before the snapshot
-            torch.zeros(1).add_(1)
+        def record(mode, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if instr.recording and not instr.paused and name not in _GLUE_OPS:
+                instr.ops[name] += 1
+            return func(*args, **(kwargs or {}))
+        # torch wraps __torch_dispatch__ in a dynamo-disable shim that imports torch._dynamo on first use (about as
+        # long as importing torch itself); marking the function as already wrapped skips that (torch/_compile.py).
+        setattr(record, "__dynamo_disable", record)
+        self.recorder = type("OpRecorder", (TorchDispatchMode,), {"__torch_dispatch__": record})()
         if backend == "cuda":
             self._patch_load_inline()
         if backend == "triton":
@@ -597,7 +589,9 @@ class _Instrumentation:
         det = torch.utils.deterministic
         saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                  det.fill_uninitialized_memory)
-        torch.use_deterministic_algorithms(True, warn_only=True)   # -> torch.empty returns NaN-filled memory
+        # -> torch.empty returns NaN-filled memory. (The C setter: torch.use_deterministic_algorithms also imports
+        # torch._inductor, which imports dynamo: seconds per worker, for a flag inductor does not need here.)
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
         det.fill_uninitialized_memory = True
         try:
             with warnings.catch_warnings(), torch.no_grad():
@@ -613,7 +607,7 @@ class _Instrumentation:
             if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):
                 self.problems.append("deterministic mode / fill_uninitialized_memory switched off during forward")
         finally:
-            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+            torch._C._set_deterministic_algorithms(saved[0], warn_only=saved[1])
             det.fill_uninitialized_memory = saved[2]
 
     def verify(self) -> tuple[str, str] | None:
@@ -640,7 +634,7 @@ def _harness_snapshot() -> dict:
     snap = {
         "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isnan": torch.isnan,
         "torch.isfinite": torch.isfinite, "torch.testing.assert_close": torch.testing.assert_close,
-        "torch.manual_seed": torch.manual_seed, "torch.no_grad": torch.no_grad, "torch.exp": torch.exp,
+        "torch.no_grad": torch.no_grad, "torch.exp": torch.exp,   # (not manual_seed: importing dynamo wraps it)
         "torch.nn.Module.__call__": torch.nn.Module.__call__, "torch.nn.Module._call_impl": torch.nn.Module._call_impl,
         "time.perf_counter": time.perf_counter, "time.time": time.time, "time.monotonic": time.monotonic,
         "builtins.isinstance": builtins.isinstance, "builtins.type": builtins.type, "builtins.len": builtins.len,
