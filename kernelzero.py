@@ -880,7 +880,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
     valid_t = torch.tensor(valid, dtype=torch.bool)
     rewards = frontier_reward(p, valid_t, repetition_penalty(hashes, valid))
     advantages = group_advantages(rewards, G, cfg.adv_scale)
-    keep = drop_zero_std_groups(rewards, G) if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
+    spread = drop_zero_std_groups(rewards, G)  # groups with equal rewards carry no policy gradient
+    keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
     stats = {}
     with timed(times, "proposer_update"):
         focus(proposer, coder, cfg, device)
@@ -894,7 +895,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
             "proposer/unique_valid": len(modules), "proposer/added": len(added),
             "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/reward_mean": float(rewards.mean()),
-            "proposer/frac_reward_zero_std": 1 - float(keep.float().mean()),
+            "proposer/frac_reward_zero_std": 1 - float(spread.float().mean()),
             "proposer/tokens_per_s": batch["timing"]["tokens_per_s"],
             **{f"proposer/{k}": v for k, v in stats.items()}}
 
@@ -915,7 +916,8 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     correct, speedup = kernel_scores(results)
     rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
     advantages = group_advantages(rewards, G, cfg.adv_scale)
-    keep = drop_zero_std_groups(rewards, G) if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
+    spread = drop_zero_std_groups(rewards, G)  # groups with equal rewards carry no policy gradient
+    keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
     stats = {}
     with timed(times, "coder_update"):
         if keep.any():
@@ -926,7 +928,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     return {"coder/pass_rate": float(correct.mean()),
             "coder/speedup": geomean_speedup(correct.tolist(), speedup.tolist()),
             "coder/reward_mean": float(rewards.mean()), "coder/gate_frac": float(gate.mean()),
-            "coder/frac_reward_zero_std": 1 - float(keep.float().mean()),
+            "coder/frac_reward_zero_std": 1 - float(spread.float().mean()),
             "coder/format_frac": errors["format"] / len(results), "coder/errors": dict(errors),
             "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
             "coder/completion_tokens": float(batch["completion_mask"].sum(1).mean()),

@@ -194,6 +194,12 @@ def test_trainer_frontier_reward():
     assert int(r.argmax()) == 50 and float(r.max()) == pytest.approx(1.0) and torch.all(r >= 0)
 
 
+def test_trainer_drop_zero_std_groups():
+    keep = kz.drop_zero_std_groups(torch.tensor([1., 1, 1, 1, 0, 1, 0, 0, 0.5, 0.5, 0.5, 0.5]), 4)
+    assert keep.tolist() == [False] * 4 + [True] * 4 + [False] * 4
+    assert kz.drop_zero_std_groups(torch.tensor([1., 0]), 1).tolist() == [True, True]
+
+
 def test_trainer_repetition_penalty():
     pen = kz.repetition_penalty(["a", "a", "b", None], [True, True, True, False])
     _trainer_close(pen, [0.25, 0.25, 0.0, 0.0])
@@ -438,6 +444,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
         assert r["proposer/format_frac"] == 1.0 and r["proposer/reward_mean"] == -1.0
         assert r["coder/errors"] == {"format": 4} and r["coder/pass_rate"] == 0.0
         assert "coder/loss" in r and "proposer/loss" in r and r["coder/kl"] == 0.0  # both updates ran
+        assert r["coder/frac_reward_zero_std"] == 1.0 == r["proposer/frac_reward_zero_std"]
     assert "eval/level1/pass@1" in rows[1] and "eval/level1/pass@1" not in rows[0]  # eval_every 2
     assert open(os.path.join(straight, "latest")).read() == "ckpt_00002"
     assert os.path.exists(os.path.join(straight, "coder", "config.json"))
