@@ -17,7 +17,9 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(BATCH, M, K), torch.randn(K, N)]
+    # scaled by K^-1/4 so outputs are O(1): the fp32 summation order of a correct kernel (vs cuBLAS) then stays far
+    # below the 1e-4 tolerance, while a TF32 kernel still fails (see 014_SquareMatmul)
+    return [torch.randn(BATCH, M, K) / K ** 0.25, torch.randn(K, N) / K ** 0.25]
 
 
 def get_init_inputs():
