@@ -33,7 +33,7 @@ How it departs from KernelBench's own eval (src/eval.py)
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
-Decisions worth knowing (each has a test in test_kernelzero.py / wip_tests/test_harness.py)
+Decisions worth knowing (each has a test in test_kernelzero.py)
   - Verdict order: harness integrity (patched references, threads, input mutation) > runtime error > wrong output
     (mismatch) > own kernels not launched > PyTorch fallback. `correct` is exactly error_kind == "ok".
   - The PyTorch-fallback rule is strict: any aten op in forward outside _GLUE_OPS (allocation, views, copies,

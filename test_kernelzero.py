@@ -11,7 +11,7 @@ Sections, in this order: eval_harness.py: isolation, correctness, anti reward ha
 #
 # CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
 # per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
-# GPU tests: `python -m pytest -q -m gpu wip_tests/test_harness.py` on a machine with CUDA.
+# GPU tests: `python -m pytest -q -m gpu test_kernelzero.py` on a machine with CUDA.
 # ---------------------------------------------------------------------------------------------------------------------
 import concurrent.futures
 import functools
@@ -1854,6 +1854,12 @@ def test_trainer_frontier_reward():
     assert int(r.argmax()) == 50 and float(r.max()) == pytest.approx(1.0) and torch.all(r >= 0)
 
 
+def test_trainer_drop_zero_std_groups():
+    keep = kz.drop_zero_std_groups(torch.tensor([1., 1, 1, 1, 0, 1, 0, 0, 0.5, 0.5, 0.5, 0.5]), 4)
+    assert keep.tolist() == [False] * 4 + [True] * 4 + [False] * 4
+    assert kz.drop_zero_std_groups(torch.tensor([1., 0]), 1).tolist() == [True, True]
+
+
 def test_trainer_repetition_penalty():
     pen = kz.repetition_penalty(["a", "a", "b", None], [True, True, True, False])
     _trainer_close(pen, [0.25, 0.25, 0.0, 0.0])
@@ -2098,6 +2104,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
         assert r["proposer/format_frac"] == 1.0 and r["proposer/reward_mean"] == -1.0
         assert r["coder/errors"] == {"format": 4} and r["coder/pass_rate"] == 0.0
         assert "coder/loss" in r and "proposer/loss" in r and r["coder/kl"] == 0.0  # both updates ran
+        assert r["coder/frac_reward_zero_std"] == 1.0 == r["proposer/frac_reward_zero_std"]
     assert "eval/level1/pass@1" in rows[1] and "eval/level1/pass@1" not in rows[0]  # eval_every 2
     assert open(os.path.join(straight, "latest")).read() == "ckpt_00002"
     assert os.path.exists(os.path.join(straight, "coder", "config.json"))
