@@ -400,16 +400,19 @@ def _lint_ok(src, device):
 
 
 def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
-    """(valid, hash) per proposed module: code block present, every API used, new to the pool, and lint_task passes.
+    """(valid, hash) per proposed module: code block present, every API used, not a held-out task (at any size), new
+    to the pool, and lint_task passes.
 
     lint_task runs each module in its own child process (harness), so a thread pool overlaps them.
     """
     from concurrent.futures import ThreadPoolExecutor
-    from kernelbench_tasks import catalog
+    from kernelbench_tasks import catalog, held_out_hashes
+    held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
     hashes, todo = [], []
     for code, apis in zip(codes, apis_per_code):
         h = None
-        if code is not None and not catalog.module_uses_apis(code, apis):
+        if (code is not None and not catalog.module_uses_apis(code, apis)
+                and catalog.normalized_source_hash(code, ignore_constants=True) not in held_out):
             h = catalog.normalized_source_hash(code)
         hashes.append(h)
         if h is not None and h not in pool_hashes:

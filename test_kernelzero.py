@@ -2087,6 +2087,15 @@ def test_trainer_validate_modules_with_the_harness():
     _trainer_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
 
 
+def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():
+    """A Proposer module that is a held-out level task (here 001_Relu resized) never enters the Coder's pool."""
+    with open(os.path.join(os.path.dirname(kz.__file__), "kernelbench_tasks", "level1", "001_Relu.py")) as f:
+        relu = f.read()
+    resized = re.sub(r"^(\w+) = \d+", r"\1 = 64", relu, flags=re.M)
+    assert resized != relu
+    valid, hashes = kz.validate_modules([resized], [[]], set(), "cpu", workers=1)
+    assert valid == [False] and hashes == [None]
+
 def _trainer_records(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
