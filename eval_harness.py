@@ -2,8 +2,8 @@
 
 A task is a KernelBench problem file (`class Model`, `get_inputs()`, `get_init_inputs()`); a candidate defines
 `class ModelNew` with the same constructor and forward signature. `evaluate(ref_src, cand_src)` returns a
-`KernelResult` whose `error_kind` is one of ERROR_KINDS; `Evaluator.map(pairs)` does the same for a batch, compiling
-on CPU workers in parallel and running/timing one candidate at a time on each GPU.
+`KernelResult` whose `error_kind` is one of ERROR_KINDS; `Evaluator.map(pairs)` does the same for a batch, building
+CUDA candidates on CPU workers in parallel, checking a few candidates at once on each GPU and timing one at a time.
 
 What the process isolation protects, and what it does not
   Every candidate runs in its own freshly spawned Python process, in its own session (process group), used for
@@ -357,16 +357,56 @@ class _Pool:
             self.idle.clear()
 
 
-def _run_job(worker: _Worker, job: dict, limits: dict) -> dict:
-    """Send one job and wait for its result; each phase the worker announces gets its own time limit."""
-    phase = "startup"
+class _Gate:
+    """One GPU's timing gate. Any number of workers may check correctness on the GPU at once ("shared"), but a worker
+    that times holds it alone ("exclusive"), so no other process's kernels run during its timing reps. A waiting
+    timer blocks new shared holders (writer preference): timing is never starved by a stream of new candidates."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.shared, self.exclusive, self.waiting = 0, False, 0
+
+    def acquire(self, mode: str) -> None:
+        with self.cond:
+            if mode == "shared":
+                self.cond.wait_for(lambda: not self.exclusive and not self.waiting)
+                self.shared += 1
+            else:
+                self.waiting += 1
+                self.cond.wait_for(lambda: not self.exclusive and not self.shared)
+                self.waiting -= 1
+                self.exclusive = True
+
+    def release(self, mode: str) -> None:
+        with self.cond:
+            if mode == "shared":
+                self.shared -= 1
+            else:
+                self.exclusive = False
+            self.cond.notify_all()
+
+
+def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None) -> dict:
+    """Send one job and wait for its result; each phase the worker announces gets its own time limit. The worker asks
+    for its GPU through `gate` (no gate: granted at once); time spent waiting there counts against no limit.
+    Adds details["phase_s"] (seconds per phase, waits excluded) and details["gpu_wait_s"]."""
+    phase, held, waited = "startup", None, 0.0
     deadline = time.monotonic() + limits[phase]
+    clock, phase_s = time.monotonic(), collections.Counter()
+
+    def finish(reply: dict) -> dict:
+        phase_s[phase] += time.monotonic() - clock
+        reply.setdefault("details", {}).update(phase_s={k: round(v, 3) for k, v in phase_s.items()},
+                                               gpu_wait_s=round(waited, 3))
+        return reply
+
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not worker.conn.poll(left):
-                return {"error_kind": "timeout", "compiled": phase == "run",
-                        "error": f"{phase} phase timed out after {limits[phase]:.0f} s", "details": {"phase": phase}}
+                return finish({"error_kind": "timeout", "compiled": phase == "run",
+                               "error": f"{phase} phase timed out after {limits[phase]:.0f} s",
+                               "details": {"phase": phase}})
             try:
                 message = worker.conn.recv()
                 if message[0] == "ready":
@@ -376,15 +416,29 @@ def _run_job(worker: _Worker, job: dict, limits: dict) -> dict:
                     worker.proc.wait(timeout=5)
                 rc = worker.proc.returncode
                 how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
-                return {"error_kind": "crash", "compiled": phase == "run",
-                        "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
-                        "details": {"phase": phase, "returncode": rc}}
+                return finish({"error_kind": "crash", "compiled": phase == "run",
+                               "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
+                               "details": {"phase": phase, "returncode": rc}})
             if message[0] == "phase":
-                phase = message[1]
-                deadline = time.monotonic() + limits[phase]
+                phase_s[phase] += time.monotonic() - clock
+                phase, clock = message[1], time.monotonic()
+                deadline = clock + limits[phase]
+            elif message[0] == "gpu":   # release what the worker holds, then wait for the mode it asks for
+                start = time.monotonic()
+                if gate and held:
+                    gate.release(held)
+                held = None
+                if gate:
+                    gate.acquire(message[1])
+                held = message[1]
+                wait = time.monotonic() - start
+                waited, deadline, clock = waited + wait, deadline + wait, clock + wait
+                worker.conn.send(("go",))
             elif message[0] == "result":
-                return message[1]
+                return finish(message[1])
     finally:
+        if gate and held:
+            gate.release(held)
         worker.kill()
 
 
@@ -422,12 +476,19 @@ def _worker_main(fd: int) -> None:
     conn.send(("ready", os.getpid()))
     job = conn.recv()
     try:
-        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn.send)
+        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
         result = {"error_kind": _classify(e), "error": _format_exception(e)}
     conn.send(("result", result))
     conn.close()
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
+
+
+def _gpu_turn(conn: Connection, mode: str) -> None:
+    """Ask the parent for this worker's GPU, "shared" (correctness checks) or "exclusive" (timing), and wait until it
+    is granted (see _Gate). Asked in CPU mode too, where it is granted at once."""
+    conn.send(("gpu", mode))
+    conn.recv()
 
 
 def _die_with_parent(parent: int) -> None:
@@ -837,17 +898,18 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
     return cand, instr, {"compile_s": compile_s}
 
 
-def _job_compile(job: dict, send) -> dict:
+def _job_compile(job: dict, conn: Connection) -> dict:
     """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
     details = {}
-    cand, instr, info = _import_candidate(job, send, details)
+    cand, instr, info = _import_candidate(job, conn.send, details)
     if cand is None:
         return info
     return {"error_kind": "ok", "compiled": True, "compile_s": info["compile_s"], "details": details}
 
 
-def _job_evaluate(job: dict, send) -> dict:
+def _job_evaluate(job: dict, conn: Connection) -> dict:
     device, opts, details = torch.device(job["device"]), job["opts"], {"checks_fired": []}
+    send = conn.send
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
 
     def build(cls, init_inputs):
@@ -857,6 +919,7 @@ def _job_evaluate(job: dict, send) -> dict:
 
     # 1. the reference, before any candidate code exists in this process
     send(("phase", "reference"))
+    _gpu_turn(conn, "shared")   # other candidates may check correctness on this GPU meanwhile, none may time
     try:
         ref = _load_module(job["ref_src"], "kz_reference")
         del sys.modules["kz_reference"]   # the candidate cannot find it by name
@@ -943,6 +1006,7 @@ def _job_evaluate(job: dict, send) -> dict:
     # 5. timing (GPU only)
     result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
     if device.type == "cuda" and opts["timing"]:
+        _gpu_turn(conn, "exclusive")   # nothing else runs on this GPU while we time
         try:
             times = _time_models({"ref": ref_model, "cand": cand_model}, trials, device, opts["timing_budget_s"],
                                  checked="cand", tol=(atol, rtol))
@@ -1047,9 +1111,10 @@ def _median(xs: list) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _job_lint(job: dict, send) -> dict:
+def _job_lint(job: dict, conn: Connection) -> dict:
     """Task quality rules (DESIGN "The task format"); the module is untrusted, hence a worker."""
-    send(("phase", "reference"))
+    conn.send(("phase", "reference"))
+    _gpu_turn(conn, "shared")
     device, opts = torch.device(job["device"]), job["opts"]
     report = {"ok": False, "problems": [], "eager_ms": None, "input_mb": None}
     problems = report["problems"]
@@ -1086,6 +1151,7 @@ def _job_lint(job: dict, send) -> dict:
     if not all(_same(a, b) for a, b in zip(_tensors(outs[0]), _tensors(outs[1]))):
         problems.append("not deterministic: the same inputs gave different outputs")
     if device.type == "cuda":
+        _gpu_turn(conn, "exclusive")
         with torch.no_grad():
             report["eager_ms"] = min(_lint_gpu_ms(model, pristine) for _ in range(3))
         if report["eager_ms"] < opts.get("min_gpu_ms", 0.05):
@@ -1154,10 +1220,13 @@ def _to_result(d: dict) -> KernelResult:
 
 
 class Evaluator:
-    """Evaluates many (ref_src, cand_src) pairs: compile stage on `cpu_workers` processes in parallel, run stage on
-    one fresh process per candidate per GPU (one candidate per GPU at a time: fair timing, bounded memory)."""
+    """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
+    fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
+    check correctness, but each times alone (_Gate): fair timing, and process start-up, reference inputs, Triton JIT
+    and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
 
-    def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, **opts):
+    def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=4,
+                 **opts):
         unknown = set(opts) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
@@ -1171,8 +1240,11 @@ class Evaluator:
             self.gpus = list(gpus) if gpus is not None else list(range(torch.cuda.device_count()))
         else:
             self.gpus = []
-        self.spare = None   # idle workers kept per pool (None: as many as run at once); evaluate() uses 0
-        self.pools = None
+        if gpu_workers < 1:
+            raise ValueError(f"gpu_workers must be >= 1, not {gpu_workers}")
+        self.gpu_workers = gpu_workers
+        self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
+        self.pools, self.gates = None, {}
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
                        "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}
 
@@ -1189,10 +1261,11 @@ class Evaluator:
             env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
-            self.pools[gpu] = _Pool(env, 1 if self.spare is None else self.spare)
+            self.pools[gpu] = _Pool(env, self.gpu_workers + 1 if self.spare is None else self.spare)
+            self.gates[gpu] = _Gate()
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
-        return _to_result(_run_job(self.pools[pool].take(), job, self.limits))
+        return _to_result(_run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool) -> KernelResult:
         early = _precheck(cand_src, self.backend)
@@ -1203,7 +1276,8 @@ class Evaluator:
         if not self.gpus:
             with cpu_slots:
                 return self._run("cpu", job)
-        if not two_stage:   # a single candidate: nothing to overlap, go straight to the GPU worker
+        # A single candidate has nothing to overlap; Triton compiles at the first launch, i.e. on the GPU worker
+        if not two_stage or self.backend == "triton":
             gpu = free_gpus.get()
             try:
                 return self._run(gpu, job)
@@ -1231,7 +1305,7 @@ class Evaluator:
         from tqdm import tqdm
         results = [None] * len(pairs)
         cpu_slots, free_gpus = threading.Semaphore(self.cpu_workers), queue.Queue()
-        for gpu in self.gpus:
+        for gpu in self.gpus * self.gpu_workers:   # one token per GPU slot
             free_gpus.put(gpu)
         bar = tqdm(total=len(pairs), disable=not self.progress, desc=f"eval {self.backend}/{self.device}")
 
@@ -1243,7 +1317,8 @@ class Evaluator:
             bar.update(1)
 
         # twice the compile slots: finished builds wait for a GPU while the next ones compile
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2 * self.cpu_workers + len(self.gpus)) as ex:
+        threads = 2 * self.cpu_workers + self.gpu_workers * len(self.gpus)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
             list(ex.map(one, range(len(pairs))))
         bar.close()
         return results
@@ -1277,20 +1352,37 @@ def evaluate(ref_src: str, cand_src: str | None, backend: str = "cuda", device: 
         evaluator.close()
 
 
-def lint_task(src: str, device: str = "cpu", **opts) -> dict:
-    """Task quality rules: loads, runs, deterministic, inputs <= 512 MB, not degenerate (zeros, constant, identity,
-    input mean must fail the tolerance), eager >= 50 us on a GPU / <= 5 s on the CPU. Runs in a worker process.
-    Returns {"ok", "problems", "eager_ms", "input_mb"}."""
+def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None, **opts) -> list[dict]:
+    """Task quality rules for each source: loads, runs, deterministic, inputs <= 512 MB, not degenerate (zeros,
+    constant, identity, input mean must fail the tolerance), eager >= 50 us on a GPU / <= 5 s on the CPU. Each task
+    runs in its own worker process, `workers` at a time (default: the cores on the CPU, 4 on a GPU, where the eager
+    timing takes the GPU alone through a _Gate). Returns [{"ok", "problems", "eager_ms", "input_mb", ...}]."""
     if device == "cuda" and not torch.cuda.is_available():
-        return {"ok": False, "problems": ["CUDA is not available"], "eager_ms": None, "input_mb": None}
+        return [{"ok": False, "problems": ["CUDA is not available"], "eager_ms": None, "input_mb": None}
+                for _ in srcs]
     options = dict(DEFAULTS, **opts)
     limits = {"startup": 300.0, "reference": float(opts.get("timeout", 120.0))}
     env = _worker_env(device, "none", options, "run", gpu=0 if device == "cuda" else None)
-    reply = _run_job(_Worker(env), {"kind": "lint", "src": src, "device": device, "opts": options}, limits)
-    if "ok" not in reply:   # timeout / crash / harness error
-        return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
-                "eager_ms": None, "input_mb": None}
-    return reply
+    workers = max(1, workers or (4 if device == "cuda" else len(os.sched_getaffinity(0))))
+    pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate()
+
+    def one(src: str) -> dict:
+        reply = _run_job(pool.take(), {"kind": "lint", "src": src, "device": device, "opts": options}, limits, gate)
+        if "ok" not in reply:   # timeout / crash / harness error
+            return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
+                    "eager_ms": None, "input_mb": None, "details": reply.get("details", {})}
+        return reply
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            return list(ex.map(one, srcs))
+    finally:
+        pool.close()
+
+
+def lint_task(src: str, device: str = "cpu", **opts) -> dict:
+    """lint_tasks for one source."""
+    return lint_tasks([src], device, **opts)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1369,16 +1461,13 @@ def main(argv: list[str] | None = None) -> int:
                 files.append(path)
             else:
                 parser.error(f"no such file or directory: {path}")
-        all_ok = True
-        workers = max(1, len(os.sched_getaffinity(0)) if device == "cpu" else 1)   # one GPU lint at a time
-        with concurrent.futures.ThreadPoolExecutor(workers) as ex:   # each lint_task is its own worker process
-            for path, report in zip(files, ex.map(lambda path: lint_task(_read(path), device=device), files)):
-                all_ok &= report["ok"]   # (printed in order, as soon as available)
-                if args.json:
-                    print(json.dumps({"path": path, **report}), flush=True)
-                else:
-                    print(f"{path}: {'ok' if report['ok'] else 'FAIL'}" + "".join(f"\n  {p}" for p in report["problems"]))
-        return 0 if all_ok else 1
+        reports = lint_tasks([_read(path) for path in files], device=device)
+        for path, report in zip(files, reports):
+            if args.json:
+                print(json.dumps({"path": path, **report}), flush=True)
+            else:
+                print(f"{path}: {'ok' if report['ok'] else 'FAIL'}" + "".join(f"\n  {p}" for p in report["problems"]))
+        return 0 if all(r["ok"] for r in reports) else 1
 
     backend = args.backend or ("cuda" if device == "cuda" else "triton")
     opts = {"trials": args.trials, "atol": args.atol, "rtol": args.rtol, "timing": not args.no_timing}

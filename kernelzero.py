@@ -390,22 +390,11 @@ def update_api_stats(api_stats, apis, correct, ema):
         s["attempts"] += len(correct)
 
 
-def _lint_ok(src, device):
-    import eval_harness
-    try:
-        return bool(eval_harness.lint_task(src, device=device).get("ok"))
-    except Exception as e:  # a broken module must not stop the run: it is simply invalid
-        print(f"lint failed: {type(e).__name__}: {e}")
-        return False
-
-
 def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
     """(valid, hash) per proposed module: code block present, every API used, not a held-out task (at any size), new
-    to the pool, and lint_task passes.
-
-    lint_task runs each module in its own child process (harness), so a thread pool overlaps them.
+    to the pool, and the harness's task linter passes (each module in its own child process, `workers` at a time).
     """
-    from concurrent.futures import ThreadPoolExecutor
+    import eval_harness
     from kernelbench_tasks import catalog, held_out_hashes
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
     hashes, todo = [], []
@@ -418,8 +407,8 @@ def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
         if h is not None and h not in pool_hashes:
             todo.append(code)
     todo = list(dict.fromkeys(todo))  # lint each distinct source once
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        lint = dict(zip(todo, pool.map(lambda s: _lint_ok(s, device), todo)))
+    reports = eval_harness.lint_tasks(todo, device=device, workers=workers) if todo else []
+    lint = {src: bool(r.get("ok")) for src, r in zip(todo, reports)}  # a module that crashes the linter is invalid
     valid = [c is not None and h is not None and h not in pool_hashes and lint.get(c, False)
              for c, h in zip(codes, hashes)]
     return valid, hashes

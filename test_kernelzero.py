@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -644,8 +645,9 @@ def test_harness_lint_good_and_degenerate_tasks():
         "too_big": (RELU_TASK, {"max_input_mb": 0.01}),   # 16 KB of input against a 10 KB limit
         "missing": ("x = 1\n", {}),
     }
-    with concurrent.futures.ThreadPoolExecutor(2) as ex:   # each lint_task is its own worker process
-        reports = dict(zip(sources, ex.map(lambda v: eh.lint_task(v[0], device="cpu", **v[1]), sources.values())))
+    plain = [name for name, (_, opts) in sources.items() if not opts]   # one lint_tasks call, in order
+    reports = dict(zip(plain, eh.lint_tasks([sources[name][0] for name in plain], device="cpu", workers=2)))
+    reports.update({name: eh.lint_task(src, device="cpu", **opts) for name, (src, opts) in sources.items() if opts})
 
     def has(name, text):
         return any(text in p for p in reports[name]["problems"]) and not reports[name]["ok"]
@@ -655,6 +657,53 @@ def test_harness_lint_good_and_degenerate_tasks():
     assert has("relu_on_rand", "identity") and has("tiny_output", "zeros") and has("mean_of_rand", "mean")
     assert has("dropout", "deterministic") and has("broken", "bad task") and has("too_big", "MB")
     assert has("missing", "missing Model")
+
+
+def test_harness_gate_timing_is_exclusive_and_not_starved():
+    """_Gate: shared holders overlap; an exclusive holder runs alone; a waiting timer blocks new shared holders."""
+    gate, events = eh._Gate(), []
+    gate.acquire("shared")
+    gate.acquire("shared")   # two correctness checks at once
+
+    def timer():
+        gate.acquire("exclusive")
+        events.append("timing")
+        gate.release("exclusive")
+
+    def late_checker():
+        gate.acquire("shared")
+        events.append("late shared")
+        gate.release("shared")
+
+    t1 = threading.Thread(target=timer)
+    t1.start()
+    while not gate.waiting:   # the timer is queued behind the two shared holders
+        time.sleep(0.01)
+    t2 = threading.Thread(target=late_checker)
+    t2.start()
+    time.sleep(0.2)
+    assert events == [], "nothing may start while shared holders are inside"
+    gate.release("shared")
+    time.sleep(0.1)
+    assert events == [], "one shared holder is still inside"
+    gate.release("shared")
+    t1.join(5)
+    t2.join(5)
+    assert events == ["timing", "late shared"], events
+
+
+def test_harness_phase_times_and_gpu_turns_in_details():
+    """Every verdict carries the parent's per-phase wall times; the workers' GPU turns are granted in CPU mode too."""
+    result = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu")
+    assert result.error_kind == "ok", result
+    phases = result.details["phase_s"]
+    assert {"startup", "reference", "compile", "run"} <= set(phases) and all(v >= 0 for v in phases.values())
+    assert result.details["gpu_wait_s"] < 1.0   # no gate on the CPU: no waiting
+    hung = eh.evaluate(RELU_TASK, _harness_relu("while True:\n    pass"), backend="triton", device="cpu",
+                       run_timeout=3)
+    assert hung.error_kind == "timeout" and 2.5 < hung.details["phase_s"]["run"] < 30, hung
+    with pytest.raises(ValueError, match="gpu_workers"):
+        eh.Evaluator(backend="triton", device="cpu", gpu_workers=0)
 
 
 def test_harness_lint_hang_times_out():
