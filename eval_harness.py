@@ -919,7 +919,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
 
     # 1. the reference, before any candidate code exists in this process
     send(("phase", "reference"))
-    _gpu_turn(conn, "shared")   # other candidates may check correctness on this GPU meanwhile, none may time
+    # other candidates may check correctness on this GPU meanwhile (none may time); "alone": a rerun after an OOM
+    _gpu_turn(conn, "exclusive" if job.get("alone") else "shared")
     try:
         ref = _load_module(job["ref_src"], "kz_reference")
         del sys.modules["kz_reference"]   # the candidate cannot find it by name
@@ -1278,22 +1279,28 @@ class Evaluator:
                 return self._run("cpu", job)
         # A single candidate has nothing to overlap; Triton compiles at the first launch, i.e. on the GPU worker
         if not two_stage or self.backend == "triton":
-            gpu = free_gpus.get()
-            try:
-                return self._run(gpu, job)
-            finally:
-                free_gpus.put(gpu)
+            return self._on_gpu(job, free_gpus)
         with cpu_slots:   # stage 1: build/import on a CPU worker (fills the extension cache)
             built = self._run("cpu", dict(job, kind="compile"))
         if built.error_kind != "ok":
             return built
+        result = self._on_gpu(job, free_gpus)   # stage 2: a fresh process on a GPU, the import is a cache hit
+        result.details.update(run_stage_compile_s=result.compile_s)
+        result.compile_s = built.compile_s
+        return result
+
+    def _on_gpu(self, job: dict, free_gpus: queue.Queue) -> KernelResult:
         gpu = free_gpus.get()
-        try:              # stage 2: a fresh process on a free GPU, where the import is a cache hit
+        try:
             result = self._run(gpu, job)
+            # Candidates sharing a GPU share its memory: one that runs out may be the victim of another's memory
+            # bomb, so it gets a second run with the GPU to itself before its verdict stands.
+            if self.gpu_workers > 1 and result.error_kind in ("runtime", "crash") and "out of memory" in result.error:
+                result = self._run(gpu, dict(job, alone=True))
+                result.details["rerun_alone"] = True
         finally:
             free_gpus.put(gpu)
-        result.details.update(gpu=gpu, run_stage_compile_s=result.compile_s)
-        result.compile_s = built.compile_s
+        result.details["gpu"] = gpu
         return result
 
     def map(self, pairs: list[tuple[str, str]]) -> list[KernelResult]:

@@ -1,12 +1,12 @@
 """Max over the last dimension (golden task, level 1).
 
 x: (batch, dim) -> (batch,), the values of torch.max(x, dim=-1) (no indices).
-Sizes: 8M fp32 elements (32 MB read); randn inputs.
+Sizes: 64M fp32 elements (256 MB read); randn inputs.
 """
 import torch
 import torch.nn as nn
 
-batch_size = 4096
+batch_size = 32768
 dim = 2048
 
 

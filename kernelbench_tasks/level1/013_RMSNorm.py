@@ -1,12 +1,12 @@
 """RMSNorm over the last dimension, no weight (golden task, level 1).
 
 y = x / sqrt(mean(x^2) + eps), eps = 1e-6, written out in torch ops (as in KernelBench's RMSNorm task).
-Sizes: 8M fp32 elements.
+Sizes: 32M fp32 elements (128 MB in, 128 MB out).
 """
 import torch
 import torch.nn as nn
 
-batch_size = 4096
+batch_size = 16384
 hidden = 2048
 eps = 1e-6
 

@@ -1,9 +1,9 @@
-"""HardTanh: clamp to [min_val, max_val], elementwise over a (4096, 4096) fp32 tensor."""
+"""HardTanh: clamp to [min_val, max_val], elementwise over a (8192, 4096) fp32 tensor."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 4096
+BATCH = 8192
 DIM = 4096
 
 

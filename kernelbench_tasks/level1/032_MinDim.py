@@ -1,8 +1,8 @@
-"""Minimum over the last dimension (values only) of a (8192, 4096) tensor."""
+"""Minimum over the last dimension (values only) of a (16384, 4096) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 8192
+BATCH = 16384
 DIM = 4096
 
 

@@ -1,8 +1,8 @@
-"""Argmax over the middle dimension of a (32, 1024, 1024) tensor; the output is int64 indices."""
+"""Argmax over the middle dimension of a (64, 1024, 1024) tensor; the output is int64 indices."""
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 64
 DIM1 = 1024
 DIM2 = 1024
 

@@ -1,8 +1,8 @@
-"""Argmin over the last dimension of a (8192, 4096) tensor; the output is int64 indices."""
+"""Argmin over the last dimension of a (16384, 4096) tensor; the output is int64 indices."""
 import torch
 import torch.nn as nn
 
-BATCH = 8192
+BATCH = 16384
 DIM = 4096
 
 

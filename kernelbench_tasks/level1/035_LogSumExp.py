@@ -1,8 +1,8 @@
-"""Row-wise log-sum-exp, log(sum(exp(x), dim=-1)), over a (32768, 1024) tensor."""
+"""Row-wise log-sum-exp, log(sum(exp(x), dim=-1)), over a (65536, 1024) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 32768
+BATCH = 65536
 DIM = 1024
 
 

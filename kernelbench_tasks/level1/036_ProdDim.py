@@ -1,8 +1,8 @@
-"""Product over the middle dimension (size 16) of a (128, 16, 16384) tensor with entries near 1."""
+"""Product over the middle dimension (size 16) of a (256, 16, 16384) tensor with entries near 1."""
 import torch
 import torch.nn as nn
 
-BATCH = 128
+BATCH = 256
 DIM1 = 16
 DIM2 = 16384
 

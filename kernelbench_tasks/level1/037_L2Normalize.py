@@ -1,9 +1,9 @@
-"""L2 normalisation of each row: x / max(||x||_2, eps) over the last dimension of a (4096, 4096) tensor."""
+"""L2 normalisation of each row: x / max(||x||_2, eps) over the last dimension of a (8192, 4096) tensor."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 4096
+BATCH = 8192
 DIM = 4096
 
 

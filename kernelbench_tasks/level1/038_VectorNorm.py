@@ -1,8 +1,8 @@
-"""Euclidean norm of each row, torch.linalg.vector_norm over the last dimension of a (32768, 1024) tensor."""
+"""Euclidean norm of each row, torch.linalg.vector_norm over the last dimension of a (65536, 1024) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 32768
+BATCH = 65536
 DIM = 1024
 
 

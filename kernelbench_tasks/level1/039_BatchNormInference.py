@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 16
+BATCH = 32
 CHANNELS = 64
 HEIGHT = 128
 WIDTH = 128

@@ -1,8 +1,8 @@
-"""Group normalisation (nn.GroupNorm, 8 groups of 8 channels) of a (16, 64, 128, 128) tensor."""
+"""Group normalisation (nn.GroupNorm, 8 groups of 8 channels) of a (32, 64, 128, 128) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 16
+BATCH = 32
 CHANNELS = 64
 GROUPS = 8
 HEIGHT = 128

@@ -1,8 +1,8 @@
-"""Instance normalisation (nn.InstanceNorm2d: per sample and channel, over H x W) of a (16, 64, 128, 128) tensor."""
+"""Instance normalisation (nn.InstanceNorm2d: per sample and channel, over H x W) of a (32, 64, 128, 128) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 16
+BATCH = 32
 CHANNELS = 64
 HEIGHT = 128
 WIDTH = 128

@@ -1,8 +1,8 @@
-"""1-D max pooling (kernel 4, stride 2, padding 1) over the last dimension of a (32, 64, 8192) tensor."""
+"""1-D max pooling (kernel 4, stride 2, padding 1) over the last dimension of a (128, 64, 8192) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 128
 CHANNELS = 64
 LENGTH = 8192
 

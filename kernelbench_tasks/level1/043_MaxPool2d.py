@@ -1,8 +1,8 @@
-"""2-D max pooling (3x3 window, stride 2, padding 1) of a (16, 64, 128, 128) tensor."""
+"""2-D max pooling (3x3 window, stride 2, padding 1) of a (64, 64, 128, 128) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 16
+BATCH = 64
 CHANNELS = 64
 HEIGHT = 128
 WIDTH = 128

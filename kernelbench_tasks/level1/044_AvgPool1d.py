@@ -1,8 +1,8 @@
-"""1-D average pooling (kernel 8, stride 4, padding 2, zero padding counted) of a (32, 64, 8192) tensor."""
+"""1-D average pooling (kernel 8, stride 4, padding 2, zero padding counted) of a (128, 64, 8192) tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 128
 CHANNELS = 64
 LENGTH = 8192
 

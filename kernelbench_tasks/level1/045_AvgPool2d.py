@@ -1,9 +1,9 @@
-"""2-D average pooling with overlapping windows (3x3, stride 1, padding 1) of a (16, 32, 128, 128) tensor."""
+"""2-D average pooling with overlapping windows (3x3, stride 1, padding 1) of a (64, 32, 128, 128) tensor."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 16
+BATCH = 64
 CHANNELS = 32
 HEIGHT = 128
 WIDTH = 128

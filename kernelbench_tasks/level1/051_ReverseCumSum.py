@@ -1,8 +1,8 @@
-"""Reverse cumulative sum (suffix sums) along the last dimension of a (4096, 4096) tensor: flip, cumsum, flip."""
+"""Reverse cumulative sum (suffix sums) along the last dimension of a (8192, 4096) tensor: flip, cumsum, flip."""
 import torch
 import torch.nn as nn
 
-BATCH = 4096
+BATCH = 8192
 DIM = 4096
 
 

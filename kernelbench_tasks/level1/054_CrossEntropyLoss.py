@@ -1,9 +1,9 @@
-"""Cross-entropy per sample from logits (8192, 2048) and integer class targets (reduction='none')."""
+"""Cross-entropy per sample from logits (32768, 2048) and integer class targets (reduction='none')."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 8192
+BATCH = 32768
 NUM_CLASSES = 2048
 
 

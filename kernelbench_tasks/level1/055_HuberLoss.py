@@ -1,9 +1,9 @@
-"""Elementwise Huber (smooth-L1 style) loss with threshold delta, reduction='none', for (4096, 4096) inputs."""
+"""Elementwise Huber (smooth-L1 style) loss with threshold delta, reduction='none', for (8192, 4096) inputs."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 4096
+BATCH = 8192
 DIM = 4096
 
 

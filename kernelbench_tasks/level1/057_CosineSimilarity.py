@@ -1,9 +1,9 @@
-"""Cosine similarity of paired rows, F.cosine_similarity over the last dimension of two (8192, 2048) tensors."""
+"""Cosine similarity of paired rows, F.cosine_similarity over the last dimension of two (16384, 2048) tensors."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 8192
+BATCH = 16384
 DIM = 2048
 
 

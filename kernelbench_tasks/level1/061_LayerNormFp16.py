@@ -1,8 +1,8 @@
-"""Layer normalisation (nn.LayerNorm over 1024 features, fp16 affine parameters) of a (32768, 1024) fp16 tensor."""
+"""Layer normalisation (nn.LayerNorm over 1024 features, fp16 affine parameters) of a (65536, 1024) fp16 tensor."""
 import torch
 import torch.nn as nn
 
-BATCH = 32768
+BATCH = 65536
 DIM = 1024
 
 

@@ -3,12 +3,12 @@
 h = x + residual; y = h / sqrt(mean(h^2, dim=-1) + eps) * weight. A transformer block's pre-norm step: the fused
 kernel reads x and residual once per row and never writes h. The weight is initialised to 1 + 0.1 * arange-based
 ramp (deterministic, not all ones, so a kernel that ignores it fails).
-Sizes: 4M-element fp32 inputs, rows of 2048.
+Sizes: 32M-element fp32 inputs, rows of 2048.
 """
 import torch
 import torch.nn as nn
 
-batch_size = 2048
+batch_size = 16384
 hidden = 2048
 eps = 1e-6
 

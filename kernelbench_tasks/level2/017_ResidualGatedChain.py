@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 2048
+BATCH = 4096
 DIM = 4096
 
 

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8192
+BATCH = 16384
 DIM = 2048
 
 

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 64
 SEQ_LEN = 512
 DIM = 1024
 

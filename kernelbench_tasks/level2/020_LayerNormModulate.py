@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 16
+BATCH = 32
 SEQ_LEN = 1024
 HIDDEN = 1024
 

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 4096
+BATCH = 16384
 HIDDEN = 2048
 
 

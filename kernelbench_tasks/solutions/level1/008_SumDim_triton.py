@@ -3,7 +3,7 @@
 x is viewed as (outer, R, inner) with R the reduced size. Each program owns one `outer` index and a block of BLOCK_I
 neighbouring `inner` columns and walks down R in BLOCK_R-row tiles: every tile load is contiguous along `inner`
 (coalesced), the partial sums stay in fp32 registers, and one row of BLOCK_I results is written at the end. GPU: 32
-x 64 tiles (a few hundred programs for the task's shape); under the CPU interpreter, whose cost grows with the
+x 64 tiles (about two thousand programs for the task's shape); under the CPU interpreter, whose cost grows with the
 number of programs and loop trips, one 512 x 512 tile.
 """
 import math
