@@ -1566,7 +1566,7 @@ def test_solutions_sources_follow_the_backend_rules():
 @functools.lru_cache(maxsize=1)
 def _solutions_cpu_results():
     """All golden Triton solutions through one Evaluator (parallel workers), trials=1 to keep CI time down: each task
-    has 8M-element inputs and the interpreter runs the real sizes (plus the heavy-tailed trial and a re-run)."""
+    has 32M-element inputs (up to 64M) and the interpreter runs the real sizes (plus the heavy-tailed trial and a re-run)."""
     pairs = []
     for task in GOLDEN_IDS:
         level, name = task.split("/")

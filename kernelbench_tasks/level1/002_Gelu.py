@@ -1,8 +1,8 @@
 """GELU, exact erf form (torch's default approximate='none') (golden task, level 1). y = 0.5 x (1 + erf(x / sqrt(2))).
 
-Sizes: 32M fp32 elements (128 MB in, 128 MB out): ~75 us of HBM traffic on an H200 (above the 50 us floor), a
-fraction of a second eager on one CPU core, and a Triton solution with 4096-16384-element blocks stays inside the
-interpreter's budget. Inputs are torch.randn so that the op is neither the identity nor a constant.
+Sizes: 32M fp32 elements (128 MB in, 128 MB out): ~75 us of HBM traffic on an H200 (above the 50 us floor), up to
+about a second eager on the CPU, and a Triton solution with 4096-16384-element blocks stays inside the interpreter's
+budget. Inputs are torch.randn so that the op is neither the identity nor a constant.
 """
 import torch
 import torch.nn as nn
