@@ -1,4 +1,4 @@
-"""Depthwise 2-D convolution (groups = channels, 3x3, padding 1, no bias) of a (16, 64, 128, 128) tensor."""
+"""Depthwise 2-D convolution (groups = channels, 3x3, padding 1, no bias) of a (32, 64, 128, 128) tensor."""
 import torch
 import torch.nn as nn
 
