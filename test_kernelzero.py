@@ -801,18 +801,29 @@ def _harness_cuda(body="y[i] = x[i] > 0.f ? x[i] : 0.f;", forward="return ext.re
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
+def _show(label, *results):
+    """Print verdicts as they come (run GPU tests with -s): a log cut by the GPU machine's time limit still shows
+    why a test failed, where pytest's failure summary would only come at the end."""
+    for r in results:
+        print(f"[{label}] {r.error_kind} speedup={r.speedup} compile_s={r.compile_s} check={r.details.get('check')} "
+              f"phases={r.details.get('phase_s')} error={r.error[:400]!r}", flush=True)
+
+
 @pytest.mark.gpu
 @gpu
 def test_harness_gpu_known_good_cuda_and_triton_with_timing():
     cuda = eh.evaluate(GPU_RELU_TASK, _harness_cuda(), backend="cuda", device="cuda")
+    _show("good cuda", cuda)
     assert cuda.error_kind == "ok", cuda
     assert cuda.speedup > 0 and cuda.runtime_ms > 0 and cuda.ref_runtime_ms > 0 and cuda.compile_s is not None
     assert cuda.details["own_kernels"] and cuda.details["kernel_coverage"] > 0.5, cuda.details
     triton_ = eh.evaluate(GPU_RELU_TASK, GOOD_RELU, backend="triton", device="cuda", compile_baseline=True)
+    _show("good triton", triton_)
     assert triton_.error_kind == "ok", triton_
     assert triton_.speedup > 0 and triton_.details["reps"] >= 30 and triton_.details["compile_baseline_ms"] > 0
     assert triton_.details["own_kernels"] and triton_.details["kernel_coverage"] > 0.5, triton_.details
     autotuned = eh.evaluate(GPU_RELU_TASK, GOOD_AUTOTUNED, backend="triton", device="cuda")
+    _show("autotuned", autotuned)
     assert autotuned.error_kind == "ok", autotuned   # do_bench's torch ops are not a PyTorch fallback
 
 
@@ -822,6 +833,7 @@ def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
     oob = _harness_cuda(body="y[i + (1L << 40)] = x[i];")
     with eh.Evaluator(backend="cuda", device="cuda", progress=False) as ev:
         results = ev.map([(GPU_RELU_TASK, oob), (GPU_RELU_TASK, _harness_cuda())])
+    _show("oob, good", *results)
     assert [r.error_kind for r in results] == ["crash", "ok"], results
     assert _harness_worker_children() == []
 
@@ -850,6 +862,7 @@ return self.out''')
              (GPU_MATMUL_TASK, tf32_dot, "triton", "mismatch", None)]
     for task, cand, backend, kind, check in cases:
         result = eh.evaluate(task, cand, backend=backend, device="cuda")
+        _show(f"hack {check or kind}", result)
         assert result.error_kind == kind, (check, result)
         if check:
             assert result.details["check"] == check, result
@@ -884,6 +897,7 @@ def test_harness_gpu_robustness_many_candidates():
 def test_harness_gpu_stale_memory_and_lint_timing():
     stale = _harness_cuda(forward="ext.relu_cuda(x[:1].contiguous())\nreturn torch.empty_like(x)")
     result = eh.evaluate(GPU_RELU_TASK, stale, backend="cuda", device="cuda")
+    _show("stale", result)
     assert result.error_kind in ("mismatch", "reward_hack"), result
     report = eh.lint_task(GPU_RELU_TASK, device="cuda")
     assert report["eager_ms"] is not None and report["ok"], report
@@ -1606,6 +1620,8 @@ def test_solutions_golden_ok_on_gpu(backend, capsys):
             speedups[key] = [row["speedup"], row["runtime_ms"], row["ref_runtime_ms"]]
             if row["error_kind"] != "ok":
                 failures.append(f"{key}: {row['error_kind']}: {row['error'][:500]}")
+            with capsys.disabled():   # at once: a run cut by a time limit still shows what it got
+                print(f"[golden {backend}] {key} {row['error_kind']} {speedups[key]} {row['error'][:300]!r}", flush=True)
         seen = {row["solution"] for row in rows}
         missing = [n for n in GOLDEN[level] if f"{n}_{backend}.py" not in seen]
         assert not missing, f"{level}: no verdict for {missing}"
