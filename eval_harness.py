@@ -43,9 +43,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
-  - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline when it imports, else to torch's
-    load_inline with a build directory keyed by sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR
-    (default ~/.cache/kernelzero): cache hits across runs, no lock fights between different candidates.
+  - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline: a build directory keyed by
+    sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR (default ~/.cache/kernelzero), so cache hits across
+    runs and no lock fights between different candidates; a precompiled header; torch's plain build as fallback.
 
 Run it
   python eval_harness.py check REF.py CAND.py --backend triton --device cpu --json
@@ -60,7 +60,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import hashlib
 import importlib.util
 import inspect
 import json
@@ -525,27 +524,6 @@ def _load_module(src: str, name: str):
     return module
 
 
-def _cache_root() -> str:
-    return os.environ.get("KZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kernelzero")
-
-
-def _cached_load_inline(original, *args, **kwargs):
-    """torch's load_inline with a build directory keyed by sha256(sources + flags + torch version): cache hits
-    across processes and runs, and no two different candidates ever share a directory (no lock fights)."""
-    bound = inspect.signature(original).bind(*args, **kwargs)
-    a = bound.arguments
-    if a.get("build_directory") is None:
-        key = json.dumps({k: v for k, v in a.items() if k not in ("verbose",)}, sort_keys=True, default=str)
-        key += torch.__version__ + str(torch.version.cuda) + os.environ.get("TORCH_CUDA_ARCH_LIST", "")
-        directory = os.path.join(_cache_root(), "torch_ext", f"{a['name']}_{hashlib.sha256(key.encode()).hexdigest()[:20]}")
-        os.makedirs(directory, exist_ok=True)
-        lock = os.path.join(directory, "lock")   # left behind by a build we killed at its timeout
-        if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > 900:
-            os.remove(lock)
-        a["build_directory"] = directory
-    return original(*bound.args, **bound.kwargs)
-
-
 _GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forward counts as a PyTorch fallback
     # allocation and fills
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
@@ -590,21 +568,16 @@ class _Instrumentation:
         self.threads = threading.active_count()
 
     def _patch_load_inline(self) -> None:
-        """Route load_inline to the fast cached builder (cuda_ext/build.py), else to torch's with a keyed cache."""
+        """Route load_inline to the fast, cached builder of cuda_ext/build.py (it falls back to torch's own build)."""
         import torch.utils.cpp_extension as cpp
-        original = cpp.load_inline
-        try:
-            from cuda_ext.build import fast_load_inline as build
-        except Exception:
-            def build(*args, **kwargs):
-                return _cached_load_inline(original, *args, **kwargs)
-        signature = inspect.signature(original)
+        from cuda_ext.build import fast_load_inline as build
+        signature = inspect.signature(cpp.load_inline)
 
         def load_inline(*args, **kwargs):
             a = signature.bind(*args, **kwargs).arguments
             sources = a.get("cuda_sources") or []
             self.builds.append({"name": a.get("name"), "cuda_sources": [sources] if isinstance(sources, str) else list(sources)})
-            module = build(*args, **kwargs)
+            module = build(**a)   # by name: positional arguments follow the installed torch's order
             self.builds[-1]["how"] = getattr(module, "__kz_build__", "torch")   # fast / plain / cached-... / torch
             return module
         cpp.load_inline = load_inline
