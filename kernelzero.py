@@ -64,7 +64,7 @@ class Config:
     gradient_checkpointing: bool = False  # trade compute for activation memory during updates
     offload_idle: bool = False  # keep the model that is not working (and its AdamW state) in CPU memory (7B on one GPU)
     # generation
-    temperature: float = 1.0  # sampling temperature; log-probs divide the logits by it too
+    temperature: float = 1.0  # sampling temperature; log-probs divide the logits by it too (0: greedy decoding)
     max_new_tokens: int = 1024  # fixed completion budget (static shapes); longer answers are truncated -> format
     max_prompt_tokens: int = 3072  # prompts are cut from the left beyond this
     prompt_bucket: int = 256  # pad prompt lengths to a multiple of this so compiled shapes repeat
@@ -449,7 +449,7 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
                    logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature in (0, 1) else logits.float() / temperature  # (one fp32 copy fewer at 1)
     targets = input_ids[:, -n_completion:]
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
 
@@ -478,8 +478,11 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
     enc = tok([chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
               max_length=cfg.max_prompt_tokens, pad_to_multiple_of=cfg.prompt_bucket)
     stops = stop_ids(tok)
-    gen_kwargs = dict(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0, max_new_tokens=T,
-                      eos_token_id=stops, pad_token_id=tok.pad_token_id)
+    gen_kwargs = dict(max_new_tokens=T, eos_token_id=stops, pad_token_id=tok.pad_token_id)
+    if cfg.temperature > 0:  # plain ancestral sampling: no top-p/top-k, so the log-probs below are the sampler's own
+        gen_kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0)
+    else:  # greedy (temperature 0): deterministic, for evaluation and for checking the compiled path
+        gen_kwargs.update(do_sample=False)
     if cfg.static_cache and device.type == "cuda":
         gen_kwargs["cache_implementation"] = "static"  # transformers compiles the decode step for a static cache
     t0 = time.perf_counter()

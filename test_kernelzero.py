@@ -2055,6 +2055,25 @@ def test_trainer_rollout_shapes_and_masks():
     assert torch.all(b["old_logprobs"] <= 0)
 
 
+def test_trainer_greedy_rollout_is_deterministic():
+    """temperature 0 decodes greedily (seeds do not matter) and its log-probs are those at temperature 1."""
+    cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=16, gen_batch_size=4, temperature=0.0)
+    pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
+    runs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        runs.append(kz.rollout(pol.model, pol.tok, ["ab", "cd"], cfg, pol.sampler))
+    assert torch.equal(runs[0]["input_ids"], runs[1]["input_ids"])
+    again = kz.sequence_logprobs(pol.model, runs[0]["input_ids"], runs[0]["attention_mask"], 10, 1.0)
+    _trainer_close(runs[0]["old_logprobs"], again.tolist(), atol=1e-5)
+    sampled = dataclasses.replace(cfg, temperature=1.0)
+    outs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        outs.append(kz.rollout(pol.model, pol.tok, ["ab", "cd"], sampled, pol.sampler)["input_ids"])
+    assert not torch.equal(outs[0], outs[1])   # (the sampling path still samples)
+
+
 def test_trainer_update_microbatching_matches_one_batch():
     torch.manual_seed(0)
     cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=8)
