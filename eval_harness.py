@@ -40,6 +40,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count too. Ops run by Triton itself
     (launcher, interpreter, autotuner) are not recorded.
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
+  - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
+    the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
+    profiling overlap while every timed rep runs alone. An out-of-memory verdict on a shared GPU is rerun alone.
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
