@@ -1233,7 +1233,10 @@ class Evaluator:
         if self.gpus and self.backend == "cuda" and "TORCH_CUDA_ARCH_LIST" not in cpu_env:
             major, minor = torch.cuda.get_device_capability(self.gpus[0])   # build for this GPU only
             cpu_env["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
-        self.pools = {"cpu": _Pool(cpu_env, self.cpu_workers if self.spare is None else self.spare)}
+        cpu_spare = self.cpu_workers if self.spare is None else self.spare
+        if self.gpus and self.backend == "triton":   # Triton on a GPU has no CPU stage: boot no idle CPU workers
+            cpu_spare = 0
+        self.pools = {"cpu": _Pool(cpu_env, cpu_spare)}
         for gpu in self.gpus:
             env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
