@@ -435,7 +435,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 held = message[1]
                 wait = time.monotonic() - start
                 waited, deadline, clock = waited + wait, deadline + wait, clock + wait
-                worker.conn.send(("go",))
+                with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
+                    worker.conn.send(("go",))
             elif message[0] == "result":
                 return finish(message[1])
     finally:
