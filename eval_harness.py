@@ -650,7 +650,10 @@ class _Instrumentation:
 
     def verify(self) -> tuple[str, str] | None:
         """(check, message) if the candidate patched the harness's references, flags or started threads."""
-        changed = [k for k, v in _harness_snapshot().items() if not _same_ref(v, self.snapshot.get(k))]
+        # Only what existed at the snapshot: a module imported since is not a patch (torch's profiler imports
+        # triton, so a CUDA worker, which does not import it at start, would otherwise see "new" triton functions)
+        now = _harness_snapshot()
+        changed = [k for k, v in self.snapshot.items() if not _same_ref(v, now.get(k))]
         if changed:
             check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else "monkeypatch"
             return check, f"the candidate changed {', '.join(changed[:8])}"

@@ -540,6 +540,30 @@ def test_harness_build_patch_does_not_trip_the_snapshot():
         cpp.load_inline = original
 
 
+def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
+    """A CUDA worker does not import triton at start, but torch's profiler (the kernel-coverage check) does: the
+    triton functions that appear after the snapshot must not read as monkey-patching (this failed every CUDA
+    candidate on the GPU)."""
+    import torch.utils.cpp_extension as cpp
+    from triton.runtime.jit import JITFunction
+    original = cpp.load_inline
+    try:
+        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")
+        for key in [k for k in instr.snapshot if k.split(".")[0] in ("JITFunction", "KernelInterface", "Autotuner",
+                                                                     "InterpretedFunction")]:
+            del instr.snapshot[key]   # as if triton had not been imported when the worker took its snapshot
+        assert instr.verify() is None
+        run = JITFunction.run
+        JITFunction.run = lambda *a, **k: None   # patching what *was* in the snapshot is still caught
+        try:
+            instr.snapshot["JITFunction.run"] = run
+            assert instr.verify()[0] == "monkeypatch"
+        finally:
+            JITFunction.run = run
+    finally:
+        cpp.load_inline = original
+
+
 def test_harness_extract_code():
     assert eh.extract_code("text\n```python\na = 1\n```\nmore\n```python\nb = 2\n```\nend") == "b = 2"
     assert eh.extract_code("```\nc = 3\n```") == "c = 3"
