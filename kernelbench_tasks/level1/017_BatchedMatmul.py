@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 64
 M = 256
 K = 512
 N = 384

@@ -1,9 +1,9 @@
-"""Matmul with a small output and a long reduction: C = A @ B, A (256, 16384), B (16384, 256) (split-K territory)."""
+"""Matmul with a small output and a long reduction: C = A @ B, A (256, 32768), B (32768, 256) (split-K territory)."""
 import torch
 import torch.nn as nn
 
 M = 256
-K = 16384
+K = 32768
 N = 256
 
 

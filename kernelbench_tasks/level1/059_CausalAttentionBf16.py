@@ -1,9 +1,9 @@
-"""Causal scaled dot-product attention in bfloat16, q, k, v of shape (8, 16, 1024, 64) (is_causal=True)."""
+"""Causal scaled dot-product attention in bfloat16, q, k, v of shape (16, 16, 1024, 64) (is_causal=True)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 8
+BATCH = 16
 HEADS = 16
 SEQ_LEN = 1024
 HEAD_DIM = 64

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 16
+BATCH = 32
 IN_CHANNELS = 32
 OUT_CHANNELS = 64
 HEIGHT = 64

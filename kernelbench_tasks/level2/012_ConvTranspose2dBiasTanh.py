@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8
+BATCH = 16
 IN_CHANNELS = 64
 OUT_CHANNELS = 32
 HEIGHT = 64

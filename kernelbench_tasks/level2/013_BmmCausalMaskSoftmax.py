@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-BATCH_HEADS = 32
+BATCH_HEADS = 64
 SEQ_LEN = 512
 HEAD_DIM = 64
 
