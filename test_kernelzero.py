@@ -2437,7 +2437,7 @@ def test_bench_greedy_check_catches_a_rollout_path_that_keeps_old_weights(monkey
 
     def stale_rollout(model, tok, prompts, kcfg, sampler=None, desc=""):
         frozen.append(frozen[0] if frozen else copy.deepcopy(sampler))   # the sampler as it was at the first call
-        with bench.forced_generate(frozen[-1], greedy=True):
+        with bench.forced_generate(frozen[-1]):   # (greedy_check runs rollout at temperature 0)
             return real_rollout(model, tok, prompts, kcfg, frozen[-1])
     monkeypatch.setattr(kz, "rollout", stale_rollout)
     res = bench.greedy_check(policy, _bench_prompts(2), kcfg, cfg, _BENCH_CPU)
