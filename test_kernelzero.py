@@ -819,6 +819,7 @@ class ModelNew(nn.Module):
 
 def _harness_cuda(body="y[i] = x[i] > 0.f ? x[i] : 0.f;", forward="return ext.relu_cuda(x.contiguous())"):
     """Only two distinct CUDA sources (good, out-of-bounds) in the GPU tests: builds are cached by source."""
+    forward = forward.strip().replace("\n", "\n" + " " * 8)   # FORWARD sits in a method body
     return CUDA_RELU.replace("BODY", body).replace("FORWARD", forward)
 
 
