@@ -2,6 +2,9 @@
 
 y[i, j] = x[i, 0] + ... + x[i, j]. Rows are 4096 long: a kernel scans them in chunks and carries the running total.
 Sizes: 32M fp32 elements (128 MB in, 128 MB out).
+Inputs are torch.rand (positive): the prefix sums grow monotonically, so any summation order stays within rtol.
+With randn the sums wander across zero while their magnitude reaches ~100, and fp32 rounding there exceeds
+atol 1e-4 for every order but torch's own (seen on an H200: correct chunked scans failed by 3e-4).
 """
 import torch
 import torch.nn as nn
@@ -19,7 +22,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(batch_size, length)]
+    return [torch.rand(batch_size, length)]
 
 
 def get_init_inputs():

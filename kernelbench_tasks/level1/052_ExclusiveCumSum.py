@@ -1,4 +1,9 @@
-"""Exclusive cumulative sum along the last dimension of a (8192, 4096) tensor: out[:, j] = sum of x[:, :j]."""
+"""Exclusive cumulative sum along the last dimension of a (8192, 4096) tensor: out[:, j] = sum of x[:, :j].
+
+Inputs are torch.rand (positive): the prefix sums grow monotonically, so any summation order stays within rtol.
+With randn the sums wander across zero while their magnitude reaches ~100, and fp32 rounding there exceeds
+atol 1e-4 for every order but torch's own (seen on an H200: correct chunked scans failed by 3e-4).
+"""
 import torch
 import torch.nn as nn
 
@@ -16,7 +21,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(BATCH, DIM)]
+    return [torch.rand(BATCH, DIM)]
 
 
 def get_init_inputs():
