@@ -564,6 +564,16 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
         cpp.load_inline = original
 
 
+def test_harness_same_treats_nan_as_equal_and_sees_any_change():
+    """The input-mutation check: bit-for-bit, NaN equal to NaN, one changed element or dtype is a difference."""
+    x = torch.tensor([1.0, float("nan"), -0.5])
+    assert eh._same(x, x.clone()) and eh._same(torch.arange(3), torch.arange(3))
+    y = x.clone()
+    y[2] = 0.5
+    assert not eh._same(x, y) and not eh._same(x, torch.tensor([1.0, 0.0, -0.5]))
+    assert not eh._same(torch.arange(3), torch.tensor([0, 1, 3])) and not eh._same(x, x.double())
+
+
 def test_harness_extract_code():
     assert eh.extract_code("text\n```python\na = 1\n```\nmore\n```python\nb = 2\n```\nend") == "b = 2"
     assert eh.extract_code("```\nc = 3\n```") == "c = 3"
