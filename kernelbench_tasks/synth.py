@@ -607,8 +607,10 @@ def generate_pairs(n, backend, seed, verify=True, device=None, workers=None, tri
         return drawn, stats
     import eval_harness   # imported here: the generator itself needs neither the harness nor a GPU
 
+    # No timing here, so nothing needs the GPU alone: 8 candidates share it (the harness default of 4 left an H200
+    # mostly idle: 64 pairs took 121 s, ~7 s of start-up, reference and profiling per pair)
     with eval_harness.Evaluator(backend=backend, device=device, cpu_workers=workers, progress=progress,
-                                trials=trials, timing=False) as ev:
+                                trials=trials, timing=False, gpu_workers=8) as ev:
         results = ev.map([(p["module"], p["solution"]) for p in drawn])
     kept = []
     for pair, res in zip(drawn, results):
