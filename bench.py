@@ -34,9 +34,16 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
   rollout: Coder prompts (level-1 modules) through kernelzero.rollout with the trainer's Config (bf16 sampler, static
       cache + compiled decode, then the fp32 log-prob pass), `rollout_new_tokens` per completion, at each batch of
       `rollout_batches`. The first call of a shape compiles: its extra time is reported separately, and the "phase"
-      speedup counts it once over `phase_prompts` prompts. Baseline: plain generate on the same bf16 sampler (dynamic
-      cache, nothing compiled, same sampling settings), warmed up, timed over `baseline_new_tokens` steps and
-      extrapolated (the table says so). Then greedy token ids of both paths, before and after one policy_update.
+      speedup counts it once over `phase_prompts` prompts. Baseline: plain generate on the same bf16 sampler (stock
+      sdpa, dynamic cache, nothing compiled, same sampling settings), warmed up, timed over `baseline_new_tokens`
+      steps and extrapolated (the table says so). Then greedy token ids of both paths, before and after one policy_update.
+      `rollout_attention` sets the sampler's attention for the timed rollouts: sdpa_gqa (kernelzero's GQA-aware
+      function, the trainer's default) and/or sdpa (transformers' stock: with a mask it copies K/V G times per layer
+      and step). With both, each batch is timed with each (a switch recompiles: in compile s) and an "attention"
+      record gives stock ms/step / sdpa_gqa ms/step. Each new batch size or attention is another compile of the same
+      code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
+      when comparing, e.g. `python bench.py rollout --rollout-models smollm2 --rollout-batches 64
+      --rollout-attention sdpa_gqa,sdpa`.
   train: kernelzero.policy_update on `train_seqs` x `train_seq_len` random tokens, per gradient-checkpointing setting:
       median step time, tokens/s, 6 x params x tokens / step against a bf16 torch.matmul timed in the same process,
       peak memory allocated.
@@ -93,6 +100,9 @@ class Config:
     rollout_batches: str = "1,64,256"  # rollout: prompts per generate call (one call per rollout)
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
+    rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated:
+    #                                  sdpa_gqa (kernelzero.sdpa_gqa_attention, the trainer's default) and/or sdpa
+    #                                  (transformers' stock); with both, an "attention" record holds the ratio
     baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
     greedy_batch: int = 4            # rollout: prompts of the greedy identity check (0: no check)
@@ -729,11 +739,32 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
                 stale=torch.equal(ours1, plain0) and not torch.equal(plain0, plain1))   # old weights reproduced
 
 
+def record_rollout(cfg: Config, name: str, B: int, T: int, plain: dict, ours: dict, attention: str) -> list:
+    """One rollout record (ours against the plain baseline at batch B); returns its table row."""
+    plain_gen_s = plain["prefill_s"] + (T - 1) * plain["decode_ms"] / 1e3   # one T-token call, extrapolated
+    calls = math.ceil(cfg.phase_prompts / B)   # a Coder phase's generate calls; the compile happens once
+    res = dict(model=name, batch=B, new_tokens=T, attention=attention, plain=plain, ours=ours,
+               plain_steps=cfg.baseline_new_tokens, plain_ms_per_step=plain_gen_s / T * 1e3,
+               ours_ms_per_step=ours["gen_s"] / T * 1e3, plain_tok_s=B * T / plain_gen_s,
+               ours_tok_s=ours["new_tokens"] / ours["gen_s"],
+               phase_speedup=calls * plain_gen_s / (ours["compile_s"] + calls * ours["gen_s"]))
+    res["speedup"] = res["ours_tok_s"] / res["plain_tok_s"]
+    record(cfg, "rollout", res)
+    print(f"{name} batch {B} ({attention}): plain {res['plain_tok_s']:.0f} tok/s, ours {res['ours_tok_s']:.0f} tok/s "
+          f"(compile {ours['compile_s']:.0f} s)", flush=True)
+    return [name, B, attention, plain["prompt_len"], plain["decode_ms"], res["plain_ms_per_step"], res["plain_tok_s"],
+            res["ours_ms_per_step"], res["ours_tok_s"], res["speedup"], ours["compile_s"], res["phase_speedup"],
+            ours["total_s"] - ours["gen_s"], ours["peak_gb"] or "-"]
+
+
 def bench_rollout(cfg: Config) -> None:
     import kernelzero as kz
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batches = [int(b) for b in cfg.rollout_batches.split(",")]
-    T, rows, greedy_rows = cfg.rollout_new_tokens, [], []
+    attentions = cfg.rollout_attention.split(",")
+    if not set(attentions) <= {"sdpa_gqa", "sdpa"}:
+        raise SystemExit(f"--rollout-attention: sdpa_gqa and/or sdpa, not {cfg.rollout_attention!r}")
+    T, rows, greedy_rows, attention_rows = cfg.rollout_new_tokens, [], [], []
     tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
     for name in cfg.rollout_models.split(","):
         kcfg = trainer_config(device)
@@ -745,22 +776,20 @@ def bench_rollout(cfg: Config) -> None:
         prompts = [kz.coder_prompt(tasks[i % len(tasks)][1], kcfg.backend, kcfg.one_shot)
                    for i in range(max(batches + [cfg.greedy_batch]))]
         for B in batches:
+            kz.set_attention(policy.sampler, gqa=False)   # the baseline is plain transformers: stock "sdpa"
             plain = time_plain(policy, prompts[:B], kcfg, cfg.baseline_new_tokens, device)
-            ours = time_rollout(policy, prompts[:B], dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B),
-                                cfg.rollout_reps, device)
-            plain_gen_s = plain["prefill_s"] + (T - 1) * plain["decode_ms"] / 1e3   # one T-token call, extrapolated
-            calls = math.ceil(cfg.phase_prompts / B)   # a Coder phase's generate calls; the compile happens once
-            res = dict(model=name, batch=B, new_tokens=T, plain=plain, ours=ours, plain_steps=cfg.baseline_new_tokens,
-                       plain_ms_per_step=plain_gen_s / T * 1e3, ours_ms_per_step=ours["gen_s"] / T * 1e3,
-                       plain_tok_s=B * T / plain_gen_s, ours_tok_s=ours["new_tokens"] / ours["gen_s"],
-                       phase_speedup=calls * plain_gen_s / (ours["compile_s"] + calls * ours["gen_s"]))
-            res["speedup"] = res["ours_tok_s"] / res["plain_tok_s"]
-            record(cfg, "rollout", res)
-            print(f"{name} batch {B}: plain {res['plain_tok_s']:.0f} tok/s, ours {res['ours_tok_s']:.0f} tok/s "
-                  f"(compile {ours['compile_s']:.0f} s)", flush=True)
-            rows.append([name, B, plain["prompt_len"], plain["decode_ms"], res["plain_ms_per_step"], res["plain_tok_s"],
-                         res["ours_ms_per_step"], res["ours_tok_s"], res["speedup"], ours["compile_s"],
-                         res["phase_speedup"], ours["total_s"] - ours["gen_s"], ours["peak_gb"] or "-"])
+            ms = {}
+            for attention in attentions:   # switching the attention recompiles: the first call's compile_s has it
+                kz.set_attention(policy.sampler, gqa=attention == "sdpa_gqa")
+                ours = time_rollout(policy, prompts[:B], dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B),
+                                    cfg.rollout_reps, device)
+                rows.append(record_rollout(cfg, name, B, T, plain, ours, attention))
+                ms[attention] = ours["gen_s"] / T * 1e3
+            if len(ms) == 2:   # stock / ours: > 1 means sdpa_gqa decodes faster
+                record(cfg, "attention", dict(model=name, batch=B, new_tokens=T, sdpa_ms_per_step=ms["sdpa"],
+                                              sdpa_gqa_ms_per_step=ms["sdpa_gqa"], ratio=ms["sdpa"] / ms["sdpa_gqa"]))
+                attention_rows.append([name, B, ms["sdpa"], ms["sdpa_gqa"], ms["sdpa"] / ms["sdpa_gqa"]])
+        kz.set_attention(policy.sampler, gqa=kcfg.gqa_attention)   # the greedy check runs the trainer's setting
         if cfg.greedy_batch:
             greedy = greedy_check(policy, prompts[:cfg.greedy_batch], kcfg, cfg, device)
             record(cfg, "greedy", dict(model=name, batch=cfg.greedy_batch, new_tokens=cfg.greedy_new_tokens, **greedy))
@@ -768,11 +797,15 @@ def bench_rollout(cfg: Config) -> None:
         del policy
         free_memory(device)
     table(f"rollout on {device.type}: {T} new tokens per completion, EOS masked. ms/step = generate time / {T} "
-          f"(prefill included; plain generate is timed over {cfg.baseline_new_tokens} steps and extrapolated: "
-          f"decode ms = one step without the prefill). phase x = speedup over {cfg.phase_prompts} prompts with "
-          f"the compile counted once; score s = the fp32 log-prob pass after generating",
-          ["model", "batch", "prompt", "plain decode ms", "plain ms/step", "plain tok/s", "ours ms/step", "ours tok/s",
-           "speedup", "compile s", "phase x", "score s", "peak GB"], rows)
+          f"(prefill included; plain generate, stock sdpa, is timed over {cfg.baseline_new_tokens} steps and "
+          f"extrapolated: decode ms = one step without the prefill). phase x = speedup over {cfg.phase_prompts} "
+          f"prompts with the compile counted once; score s = the fp32 log-prob pass after generating",
+          ["model", "batch", "attention", "prompt", "plain decode ms", "plain ms/step", "plain tok/s", "ours ms/step",
+           "ours tok/s", "speedup", "compile s", "phase x", "score s", "peak GB"], rows)
+    if attention_rows:
+        table("the rollout's attention: transformers' sdpa (repeat_kv copies K/V) against kernelzero's sdpa_gqa, "
+              "generate ms per step; ratio > 1: sdpa_gqa is faster",
+              ["model", "batch", "sdpa ms/step", "sdpa_gqa ms/step", "ratio"], attention_rows)
     table(f"greedy identity, rollout path vs plain generate ({cfg.greedy_batch} prompts x {cfg.greedy_new_tokens} "
           f"tokens), before and after one policy_update (lr {cfg.greedy_update_lr})",
           ["model", "equal before", "equal after", "agree before", "agree after", "update changed output",

@@ -70,6 +70,9 @@ class Config:
     prompt_bucket: int = 256  # pad prompt lengths to a multiple of this so compiled shapes repeat
     gen_batch_size: int = 64  # prompts per generate call
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
+    gqa_attention: bool = True  # the sampler attends with sdpa_gqa_attention (no per-step K/V copies on GQA models;
+    #                             on the CPU the sampler is the trained model itself); False: transformers' "sdpa"
+    pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one batch shape
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
     # proposer phase
     api_sets_per_round: int = 8  # API sets sampled per round (weighted toward the Coder's frontier)
@@ -192,10 +195,11 @@ def build_byte_tokenizer():
 
 
 def build_tiny_model(tok, seed):
-    """A 2-layer Llama-style model with random weights: enough to exercise every code path on a CPU in seconds."""
+    """A 2-layer Llama-style model with random weights: enough to exercise every code path on a CPU in seconds
+    (grouped-query attention like the real models: 4 query heads share 2 K/V heads)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
     with torch.random.fork_rng():  # a seeded init that leaves the global RNG stream alone
@@ -277,6 +281,8 @@ def wrap_policy(model, tok, cfg, lr, device):
     if device.type == "cuda":
         import copy
         sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
+    if cfg.gqa_attention:
+        set_attention(sampler, gqa=True)
     ref = None
     if cfg.kl_coef > 0:
         import copy
@@ -312,6 +318,54 @@ def focus(active, idle, cfg, device):
 def autocast(device):
     # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+# -----------------------------------------------------------------------------
+# GQA-aware attention for the sampler
+# Grouped-query attention (GQA) models have fewer K/V heads than query heads: SmolLM2-135M 9 query / 3 K/V heads,
+# Qwen2.5-1.5B 12 / 2. transformers' "sdpa" attention (transformers/integrations/sdpa_attention.py,
+# `sdpa_attention_forward`) passes `enable_gqa=True` to torch only when there is no attention mask
+# (`use_gqa_in_sdpa`); with a mask (always, in batched decoding with left padding) it calls `repeat_kv`, which copies
+# every layer's whole K/V cache G = query heads / K/V heads times on every decode step. Here the G query heads that
+# share a K/V head become G x q query rows of that head instead: one scaled_dot_product_attention over the un-copied
+# cache, the same numbers. Query head h = j*G + g reads K/V head j, exactly as after repeat_kv.
+
+_STOCK_SDPA = None  # transformers' sdpa_attention_forward: every case sdpa_gqa_attention does not cover goes there
+
+
+def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' attention-function contract (see sdpa_attention_forward): query (B, H, q, D), key and value
+    (B, Hkv, L, D), attention_mask None or (B, 1, q, L) (bool, or additive float); returns ((B, q, H, D), None)."""
+    B, H, q, D = query.shape
+    G = H // key.shape[1]
+    if (G == 1 or H != G * key.shape[1] or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or attention_mask.shape[2] != q
+            or kwargs.get("position_bias") is not None or query.device.type not in ("cuda", "cpu")):
+        # no GQA; no mask (the stock function uses is_causal / enable_gqa then: torch's fast path); per-head masks,
+        # position biases, other devices (NPU/XPU quirks): the stock function, unchanged
+        return _STOCK_SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                           is_causal=is_causal, **kwargs)
+    # (B, H, q, D) -> (B, Hkv, G*q, D): row g*q + t is query head j*G + g at position t (a view when q = 1, decoding)
+    query = query.reshape(B, H // G, G * q, D)
+    # (B, 1, q, L) -> (B, 1, G*q, L): each of the G copies of the q rows gets the same mask rows (a view when q = 1)
+    mask = attention_mask[:, :, None].expand(-1, -1, G, -1, -1).reshape(attention_mask.shape[0], 1, G * q, -1)
+    # with a mask the stock function passes is_causal=False too (the causal part is in the mask)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    # back to (B, H, q, D) (reshape: the kernels may return another memory layout), then (B, q, H, D) as the stock
+    return out.reshape(B, H, q, D).transpose(1, 2).contiguous(), None
+
+
+def set_attention(model, gqa=True):
+    """Switch a transformers model between "sdpa_gqa" (sdpa_gqa_attention) and transformers' stock "sdpa"."""
+    global _STOCK_SDPA
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    if _STOCK_SDPA is None:
+        _STOCK_SDPA = sdpa_attention_forward
+        AttentionInterface.register("sdpa_gqa", sdpa_gqa_attention)
+        AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)  # the masks the stock "sdpa" gets (None when causal)
+    model.set_attn_implementation("sdpa_gqa" if gqa else "sdpa")
 
 
 # -----------------------------------------------------------------------------
@@ -501,16 +555,30 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
     else:  # greedy (temperature 0): deterministic, for evaluation and for checking the compiled path
         gen_kwargs.update(do_sample=False)
     if cfg.static_cache and device.type == "cuda":
-        gen_kwargs["cache_implementation"] = "static"  # transformers compiles the decode step for a static cache
+        # transformers compiles the decode step for a static cache: torch.compile(model.__call__) with its
+        # CompileConfig defaults (dynamic=None, mode="reduce-overhead"). The step's shapes are the batch B and the
+        # cache length P + T. dynamic=None means torch._dynamo's automatic_dynamic_shapes (torch/_dynamo/config.py):
+        # the first shape compiles static, a second one recompiles with the dims that changed made symbolic (24-74 s
+        # on the H200). pad_batches keeps B fixed; P still changes between phases (prompt_bucket). Two switches exist,
+        # neither measured here: generate(compile_config=transformers.CompileConfig(dynamic=False)) compiles every
+        # new shape static instead of once dynamic, and generate(max_cache_len=N) (GenerationConfig) sizes the cache
+        # at N for every call, one shape, but each step then attends over all N positions.
+        gen_kwargs["cache_implementation"] = "static"
     t0 = time.perf_counter()
     sampler.eval()
     chunks = []
     from tqdm import tqdm
-    starts = range(0, len(prompts), cfg.gen_batch_size)
+    B = cfg.gen_batch_size
+    starts = range(0, len(prompts), B)
     for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2):
-        ids = enc.input_ids[i:i + cfg.gen_batch_size].to(device)
-        mask = enc.attention_mask[i:i + cfg.gen_batch_size].to(device)
-        out = sampler.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)[:, ids.shape[1]:]
+        ids, mask = enc.input_ids[i:i + B], enc.attention_mask[i:i + B]
+        n = ids.shape[0]
+        if cfg.pad_batches and n < B:
+            # a smaller last batch would be a new compiled shape: fill it with copies of its last prompt, whose
+            # outputs are dropped (greedy copies stop with their original; sampled ones may run a few steps longer)
+            ids, mask = (torch.cat([x, x[-1:].expand(B - n, -1)]) for x in (ids, mask))
+        out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                               **gen_kwargs)[:n, ids.shape[1]:]
         chunks.append(F.pad(out, (0, T - out.shape[1]), value=tok.pad_token_id))  # generate stops when all finished
     completion_ids = torch.cat(chunks)  # (N, T)
     gen_s = time.perf_counter() - t0

@@ -1800,6 +1800,7 @@ import dataclasses
 import json
 import math
 import sys
+import types
 
 import pytest
 
@@ -2109,6 +2110,116 @@ def test_trainer_greedy_rollout_is_deterministic():
     assert not torch.equal(outs[0], outs[1])   # (the sampling path still samples)
 
 
+# ---- GQA-aware sampler attention (sdpa_gqa_attention) and fixed generate batch shapes
+
+def _trainer_gqa_model(seed=0):
+    """A tiny Llama-style GQA model: 6 query heads share 2 K/V heads (G = 3), byte tokenizer, left padding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = kz.build_byte_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    return kz.prepare(LlamaForCausalLM(config).eval(), tok)
+
+
+def _trainer_sdpa_spy(monkeypatch, wrong_heads=False):
+    """Record the query shapes kernelzero's attention passes to torch's SDPA; wrong_heads pairs query group j with
+    K/V head Hkv-1-j instead of j (a wrong head mapping: the equality tests below must then fail)."""
+    shapes, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        shapes.append(tuple(q.shape))
+        return sdpa(q, k.flip(1), v.flip(1), **kw) if wrong_heads else sdpa(q, k, v, **kw)
+    monkeypatch.setattr(kz, "F", types.SimpleNamespace(scaled_dot_product_attention=spy))
+    return shapes
+
+
+def _trainer_logits_stock_and_gqa(model, tok):
+    """Logits of a left-padded batch under "sdpa" and "sdpa_gqa": a full forward, then 4 decode steps one token at a
+    time with a DynamicCache, then generate with a static cache (the trainer's GPU decode path, here uncompiled)."""
+    from transformers import DynamicCache
+    enc = tok(["a left-padded prompt", "hi", "def f(x): return x"], return_tensors="pt", padding=True)
+    assert (enc.attention_mask[:, 0] == 0).any()
+    res = {}
+    for gqa in (False, True):
+        kz.set_attention(model, gqa=gqa)
+        with torch.no_grad():
+            full = model(**enc).logits
+            cache, ids, mask, steps = DynamicCache(config=model.config), enc.input_ids, enc.attention_mask, []
+            for _ in range(4):
+                logits = model(input_ids=ids, attention_mask=mask, past_key_values=cache).logits[:, -1]
+                steps.append(logits)
+                ids = logits.argmax(-1, keepdim=True)
+                mask = torch.cat([mask, torch.ones_like(ids)], 1)
+            gen = model.generate(**enc, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+        res[gqa] = (full[enc.attention_mask.bool()], torch.stack(steps), torch.stack(gen.logits))
+    kz.set_attention(model, gqa=False)
+    return res, enc.input_ids.shape[1]
+
+
+def test_trainer_gqa_attention_matches_stock_sdpa(monkeypatch):
+    model, tok = _trainer_gqa_model()
+    shapes = _trainer_sdpa_spy(monkeypatch)
+    res, P = _trainer_logits_stock_and_gqa(model, tok)
+    for stock, ours in zip(res[False], res[True]):
+        assert torch.allclose(stock, ours, atol=1e-5, rtol=1e-5), (stock - ours).abs().max()
+    # the GQA path really ran: 2 K/V heads, 3 query heads each -> (B, 2, 3 * q, 8) queries, prefill and decode
+    assert {s[1:] for s in shapes} >= {(2, 3, 8), (2, 3 * P, 8)}, set(shapes)
+    assert model.config._attn_implementation == "sdpa"   # switched back
+
+
+def test_trainer_gqa_attention_test_catches_a_wrong_head_mapping(monkeypatch):
+    """The equality above is not vacuous: query heads paired with the wrong K/V heads change every logit set."""
+    model, tok = _trainer_gqa_model()
+    _trainer_sdpa_spy(monkeypatch, wrong_heads=True)
+    res, _ = _trainer_logits_stock_and_gqa(model, tok)
+    for stock, ours in zip(res[False], res[True]):
+        assert not torch.allclose(stock, ours, atol=1e-5, rtol=1e-5)
+
+
+def _trainer_gqa_policy(**kw):
+    cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, temperature=0.0, **kw)
+    return kz.wrap_policy(*_trainer_gqa_model(), cfg, cfg.lr, torch.device("cpu")), cfg
+
+
+def test_trainer_greedy_rollout_same_with_gqa_attention_on_and_off():
+    prompts = ["ab", "a longer prompt here", "x", "def f(x):"]
+    out = {}
+    for gqa in (True, False):
+        pol, cfg = _trainer_gqa_policy(gqa_attention=gqa, gen_batch_size=4)
+        assert pol.sampler.config._attn_implementation == ("sdpa_gqa" if gqa else "sdpa")
+        out[gqa] = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    assert out[True]["completion_mask"].sum() >= 8   # real completions, not all an immediate EOS
+    assert torch.equal(out[True]["input_ids"], out[False]["input_ids"])
+    assert out[True]["completions"] == out[False]["completions"]
+    _trainer_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-5)
+
+
+def test_trainer_rollout_pads_the_last_batch_and_drops_the_copies():
+    """pad_batches: every generate call gets gen_batch_size rows (one compiled shape); the completions are those of
+    the unpadded calls (greedy)."""
+    prompts = ["short", "a somewhat longer prompt", "x", "y", "zz"]
+    out, sizes = {}, {}
+    for pad in (True, False):
+        pol, cfg = _trainer_gqa_policy(gen_batch_size=3, micro_batch=2, pad_batches=pad)
+        generate, sizes[pad] = pol.sampler.generate, []
+
+        def spy(*a, **kw):
+            sizes[pad].append(kw["input_ids"].shape[0])
+            return generate(*a, **kw)
+        pol.sampler.generate = spy
+        out[pad] = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
+    assert sizes == {True: [3, 3], False: [3, 2]}
+    assert out[True]["input_ids"].shape[0] == 5 and len(out[True]["completions"]) == 5
+    for key in ("input_ids", "attention_mask", "completion_mask"):
+        assert torch.equal(out[True][key], out[False][key]), key
+    assert out[True]["completions"] == out[False]["completions"]
+    assert out[True]["timing"]["new_tokens"] == out[False]["timing"]["new_tokens"]
+    _trainer_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-6)
+
+
 def test_trainer_update_microbatching_matches_one_batch():
     torch.manual_seed(0)
     cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=8)
@@ -2392,7 +2503,7 @@ def test_bench_rollout_cpu_writes_records_with_full_length_and_greedy_identity(t
     rollouts = [r for r in rows if r["section"] == "rollout"]
     assert [r["batch"] for r in rollouts] == [1, 2]
     for r in rollouts:
-        assert r["model"] == "tiny" and r["gpu"] is None and r["ours"]["peak_gb"] is None
+        assert r["model"] == "tiny" and r["gpu"] is None and r["ours"]["peak_gb"] is None and r["attention"] == "sdpa_gqa"
         assert r["ours"]["new_tokens"] == r["batch"] * 8   # EOS masked: every completion is full length
         assert r["ours_tok_s"] > 0 and r["plain_tok_s"] > 0   # (decode_ms alone can dip below 0 on a noisy CPU)
         assert r["speedup"] == pytest.approx(r["ours_tok_s"] / r["plain_tok_s"])
@@ -2402,11 +2513,24 @@ def test_bench_rollout_cpu_writes_records_with_full_length_and_greedy_identity(t
     assert greedy["weights_changed_output"] and not greedy["stale"]   # the update moved the output: not vacuous
 
 
-def test_bench_rollout_cpu_random_qwen_shape(tmp_path):
+def test_bench_rollout_cpu_random_qwen_shape_attention_on_and_off(tmp_path):
     rows = _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-batches", "2",
-               "--rollout-new-tokens", "6", "--baseline-new-tokens", "2", "--greedy-batch", "0")
-    (r,) = rows
-    assert r["section"] == "rollout" and r["model"] == "qwen-tiny-shape" and r["ours"]["new_tokens"] == 12
+               "--rollout-new-tokens", "6", "--baseline-new-tokens", "2", "--greedy-batch", "0",
+               "--rollout-attention", "sdpa_gqa,sdpa")
+    *rollouts, ratio = rows
+    assert [(r["section"], r["attention"]) for r in rollouts] == [("rollout", "sdpa_gqa"), ("rollout", "sdpa")]
+    for r in rollouts:
+        assert r["model"] == "qwen-tiny-shape" and r["ours"]["new_tokens"] == 12
+    assert ratio["section"] == "attention" and ratio["batch"] == 2
+    ms = {r["attention"]: r["ours_ms_per_step"] for r in rollouts}
+    assert ratio["sdpa_gqa_ms_per_step"] == pytest.approx(ms["sdpa_gqa"]) and ratio["sdpa_ms_per_step"] == pytest.approx(ms["sdpa"])
+    assert ratio["ratio"] == pytest.approx(ms["sdpa"] / ms["sdpa_gqa"])
+    with pytest.raises(SystemExit, match="rollout-attention"):
+        _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-attention", "flash")
+    policy, _ = _bench_tiny_policy("qwen-tiny-shape")
+    assert type(policy.model).__name__ == "Qwen2ForCausalLM" and policy.model.config.num_key_value_heads == 2
+    assert policy.model.config.tie_word_embeddings and policy.sampler is policy.model   # CPU: no bf16 copy
+    assert policy.sampler.config._attn_implementation == "sdpa_gqa"   # the trainer's default
     policy, _ = _bench_tiny_policy("qwen-tiny-shape")
     assert type(policy.model).__name__ == "Qwen2ForCausalLM" and policy.model.config.num_key_value_heads == 2
     assert policy.model.config.tie_word_embeddings and policy.sampler is policy.model   # CPU: no bf16 copy
