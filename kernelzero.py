@@ -21,6 +21,8 @@ Run:
     python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
     python kernelzero.py --preset tiny --device cpu       # random tiny model, two rounds on the CPU (CI)
     python kernelzero.py --resume --run-dir runs/kernelzero --rounds 40
+    python kernelzero.py --coder-reward correctness       # ablation: plain 0/1 GRPO for the Coder
+    python kernelzero.py --proposer-mode uniform          # ablation: uniform API sets, Proposer rewarded for validity
     python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]
     python kernelzero.py plot RUN_DIR
 """
@@ -75,6 +77,8 @@ class Config:
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one batch shape
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
     # proposer phase
+    proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
+    #                                  validity only, every valid module joins the pool; probes still measure p)
     api_sets_per_round: int = 8  # API sets sampled per round (weighted toward the Coder's frontier)
     apis_per_set: int = 2  # APIs per set
     group_size_proposer: int = 4  # modules the Proposer writes per API set (its GRPO group)
@@ -88,6 +92,7 @@ class Config:
     modules_per_round: int = 16  # pool modules the Coder trains on per round
     group_size: int = 8  # kernels per module (the Coder's GRPO group)
     # CA-GRPO (this project's definition, see ca_grpo_rewards / ca_grpo_loss)
+    coder_reward: str = "ca-grpo"  # "ca-grpo" or "correctness" (ablation: plain 0/1 GRPO, speed never rewarded)
     tau: float = 0.5  # speed is rewarded only in groups at least this correct
     lam: float = 0.3  # weight of the log-speedup bonus (lam * max_log_speedup < 1 keeps correct > incorrect)
     max_log_speedup: float = 2.0  # |ln speedup| is clipped at this
@@ -168,6 +173,9 @@ def parse_config(argv):
               "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
         values.update(CPU_FALLBACK)
     values.update(given)
+    for name, choices in (("proposer_mode", ("frontier", "uniform")), ("coder_reward", ("ca-grpo", "correctness"))):
+        if values.get(name, getattr(Config, name)) not in choices:
+            raise SystemExit(f"--{name.replace('_', '-')} must be one of {choices}")
     return Config(**values)
 
 
@@ -929,7 +937,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
     from kernelbench_tasks import catalog
     rng, G = state["rng"], cfg.group_size_proposer
     focus(proposer, coder, cfg, device)
-    weights = api_weights(state["api_stats"])
+    frontier = cfg.proposer_mode == "frontier"
+    weights = api_weights(state["api_stats"]) if frontier else {}  # {}: every API weighs 1.0 (ablation)
     api_sets = [catalog.sample_api_set(rng, cfg.apis_per_set, weights) for _ in range(cfg.api_sets_per_round)]
     with timed(times, "proposer_gen"):
         prompts = [proposer_prompt(catalog.render_api_set(apis)) for apis in api_sets for _ in range(G)]
@@ -958,7 +967,11 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
             update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
     p = torch.tensor([modules[h]["p"] if v else float("nan") for h, v in zip(hashes, valid)])
     valid_t = torch.tensor(valid, dtype=torch.bool)
-    rewards = frontier_reward(p, valid_t, repetition_penalty(hashes, valid))
+    penalty = repetition_penalty(hashes, valid)
+    if frontier:
+        rewards = frontier_reward(p, valid_t, penalty)
+    else:  # ablation: reward validity only, as if every module sat at the frontier (p = 1/2)
+        rewards = torch.where(valid_t, 1.0 - torch.as_tensor(penalty, dtype=torch.float), torch.tensor(-1.0))
     advantages = group_advantages(rewards, G, cfg.adv_scale)
     spread = drop_zero_std_groups(rewards, G)  # groups with equal rewards carry no policy gradient
     keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
@@ -968,7 +981,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
         if keep.any():
             stats = policy_update(proposer, select(batch, keep), advantages[keep], cfg, cfg.proposer_lr)
     # frontier modules (neither always nor never solved) join the Coder's pool
-    added = [m for m in modules.values() if cfg.frontier_low <= m["p"] <= cfg.frontier_high]
+    added = [m for m in modules.values() if not frontier or cfg.frontier_low <= m["p"] <= cfg.frontier_high]
     state["pool"] = (state["pool"] + added)[-cfg.pool_size:]
     ps = [m["p"] for m in modules.values()]
     return {"proposer/valid_frac": float(valid_t.float().mean()),
@@ -994,7 +1007,10 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     with timed(times, "coder_eval"):
         results = run_kernels(ev, [m["src"] for m in modules for _ in range(G)], batch["completions"])
     correct, speedup = kernel_scores(results)
-    rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
+    if cfg.coder_reward == "correctness":  # ablation: plain 0/1 GRPO (an all-correct group has zero advantage)
+        rewards, gate = correct.clone(), torch.zeros_like(correct)
+    else:
+        rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
     advantages = group_advantages(rewards, G, cfg.adv_scale)
     spread = drop_zero_std_groups(rewards, G)  # groups with equal rewards carry no policy gradient
     keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)

@@ -23,6 +23,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 import uuid
 
 import pytest
@@ -2008,6 +2009,83 @@ def test_trainer_api_stats_and_weights():
 
 
 # ---- metrics
+
+def _phase_fakes(monkeypatch, results_fn):
+    """Drive proposer_phase / coder_phase without models or harness: fake rollouts, verdicts and updates, and
+    capture the advantages each update receives."""
+    from eval_harness import KernelResult
+    seen = {"adv": [], "prompts": []}
+
+    def rollout(model, tok, prompts, cfg, sampler=None, desc=""):
+        seen["prompts"] += prompts
+        n = len(prompts)
+        return {"completions": [f"```python\n# {i}\n```" for i in range(n)], "completion_mask": torch.ones(n, 3),
+                "old_logprobs": torch.zeros(n, 3), "timing": {"tokens_per_s": 1.0}}
+
+    def run_kernels(ev, refs, completions):
+        return [KernelResult(compiled=True, correct=c, error_kind="ok" if c else "mismatch", speedup=s)
+                for c, s in results_fn(len(completions))]
+
+    def update(policy, batch, adv, cfg, lr):
+        seen["adv"].append(adv.clone())
+        return {}
+    monkeypatch.setattr(kz, "rollout", rollout)
+    monkeypatch.setattr(kz, "run_kernels", run_kernels)
+    monkeypatch.setattr(kz, "policy_update", update)
+    monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
+                        lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))]))
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["ca-grpo", "correctness"])
+def test_trainer_ablation_correctness_only_coder_reward(monkeypatch, mode):
+    """--coder-reward correctness never rewards speed: an all-correct group with different speedups gets zero
+    advantages, where CA-GRPO (tau <= 1) separates the fast kernel from the slow one."""
+    seen = _phase_fakes(monkeypatch, lambda n: [(True, s) for s in [2.0, 1.0, 1.0, 0.5]][:n])
+    cfg = _trainer_cfg(coder_reward=mode, group_size=4, modules_per_round=1)
+    state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {}}
+    pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
+    stats = kz.coder_phase(pol, pol, None, state, cfg, torch.device("cpu"), {})
+    adv = seen["adv"][0]
+    assert stats["coder/pass_rate"] == 1.0
+    if mode == "correctness":
+        assert torch.equal(adv, torch.zeros(4)) and stats["coder/gate_frac"] == 0.0
+    else:
+        assert adv[0] > adv[1] == adv[2] > adv[3] and stats["coder/gate_frac"] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["frontier", "uniform"])
+def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
+    """--proposer-mode uniform: API sets drawn without the frontier weights, the Proposer rewarded for validity
+    only (equal rewards: zero advantages) and every valid module joins the pool; frontier mode keeps only
+    modules with frontier_low <= p <= frontier_high and rewards p = 1/2 above p = 1."""
+    from kernelbench_tasks import catalog
+    # probes: module 0 solved by half its attempts (frontier), module 1 by all (too easy)
+    seen = _phase_fakes(monkeypatch, lambda n: [(i < 1 or i >= 2, 1.0) for i in range(n)])
+    cfg = _trainer_cfg(proposer_mode=mode, api_sets_per_round=1, group_size_proposer=2, k_probe=2)
+    hot = catalog.CATALOG[0]["name"]   # the frontier weights would make this API near-certain
+    state = {"pool": [], "rng": random.Random(0), "api_stats": {}, "round": 0}
+    drawn = []
+    real_sample = catalog.sample_api_set
+    monkeypatch.setattr(catalog, "sample_api_set", lambda rng, k, w=None: drawn.append(w) or real_sample(rng, k, w))
+    monkeypatch.setattr(kz, "api_weights", lambda stats: {e["name"]: (1e9 if e["name"] == hot else 1.0)
+                                                          for e in catalog.CATALOG})
+    pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
+    stats = kz.proposer_phase(pol, pol, None, state, cfg, torch.device("cpu"), "cpu", {})
+    adv = seen["adv"][0]
+    if mode == "uniform":
+        assert drawn == [{}] and len(state["pool"]) == 2 and torch.equal(adv, torch.zeros(2))
+    else:
+        assert drawn[0][hot] == 1e9 and [m["p"] for m in state["pool"]] == [0.5] and adv[0] > adv[1]
+    assert stats["proposer/unique_valid"] == 2
+
+
+def test_trainer_ablation_flags_are_checked():
+    assert kz.parse_config(["--coder-reward", "correctness", "--proposer-mode", "uniform"]).coder_reward == "correctness"
+    for bad in (["--coder-reward", "speed"], ["--proposer-mode", "random"]):
+        with pytest.raises(SystemExit):
+            kz.parse_config(bad)
+
 
 def test_trainer_pass_at_k():
     assert kz.pass_at_k(10, 0, 1) == 0.0 and kz.pass_at_k(10, 10, 5) == 1.0
