@@ -74,7 +74,8 @@ class Config:
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
     gqa_attention: bool = True  # the sampler attends with sdpa_gqa_attention (no per-step K/V copies on GQA models;
     #                             on the CPU the sampler is the trained model itself); False: transformers' "sdpa"
-    pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one batch shape
+    pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
+    #                           batch shape (off in the CPU presets, where nothing is compiled)
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
     # proposer phase
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
@@ -132,17 +133,17 @@ PRESETS = {
     "default": {},
     "tiny": dict(coder_model="tiny", proposer_model="tiny", device="cpu", backend="triton", rounds=2,
                  run_dir="runs/tiny", max_new_tokens=48, max_prompt_tokens=768, prompt_bucket=64, gen_batch_size=16,
-                 static_cache=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
-                 seed_pool=4, modules_per_round=2, group_size=2, lr=1e-3, proposer_lr=1e-3, micro_batch=4, sft=False,
-                 filter_zero_std=False,  # a random model earns equal rewards: keep the update path running anyway
+                 static_cache=False, pad_batches=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2,
+                 k_probe=2, seed_pool=4, modules_per_round=2, group_size=2, lr=1e-3, proposer_lr=1e-3, micro_batch=4,
+                 sft=False, filter_zero_std=False,  # a random model earns equal rewards: keep the update path running
                  eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
 }
 # The default preset on a machine without a GPU: Triton under the interpreter and budgets that finish in minutes.
 # (no one-shot example: prompts of ~500 instead of ~1,500 tokens make SFT steps on a CPU several times cheaper)
 CPU_FALLBACK = dict(device="cpu", backend="triton", rounds=1, max_new_tokens=384, max_prompt_tokens=1536,
-                    gen_batch_size=8, static_cache=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2,
-                    k_probe=2, seed_pool=4, modules_per_round=2, group_size=4, micro_batch=2, sft_pairs=16,
-                    sft_steps=10, sft_batch=2, eval_every=0, samples=2)
+                    gen_batch_size=8, static_cache=False, pad_batches=False, one_shot=False, api_sets_per_round=2,
+                    group_size_proposer=2, k_probe=2, seed_pool=4, modules_per_round=2, group_size=4, micro_batch=2,
+                    sft_pairs=16, sft_steps=10, sft_batch=2, eval_every=0, samples=2)
 
 
 def _field_type(f):
@@ -338,12 +339,10 @@ def autocast(device):
 # share a K/V head become G x q query rows of that head instead: one scaled_dot_product_attention over the un-copied
 # cache, the same numbers. Query head h = j*G + g reads K/V head j, exactly as after repeat_kv.
 
-_STOCK_SDPA = None  # transformers' sdpa_attention_forward: every case sdpa_gqa_attention does not cover goes there
-
-
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention-function contract (see sdpa_attention_forward): query (B, H, q, D), key and value
     (B, Hkv, L, D), attention_mask None or (B, 1, q, L) (bool, or additive float); returns ((B, q, H, D), None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # the stock function, for the rest
     B, H, q, D = query.shape
     G = H // key.shape[1]
     if (G == 1 or H != G * key.shape[1] or attention_mask is None or attention_mask.dim() != 4
@@ -351,8 +350,8 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
             or kwargs.get("position_bias") is not None or query.device.type not in ("cuda", "cpu")):
         # no GQA; no mask (the stock function uses is_causal / enable_gqa then: torch's fast path); per-head masks,
         # position biases, other devices (NPU/XPU quirks): the stock function, unchanged
-        return _STOCK_SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                           is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
     # (B, H, q, D) -> (B, Hkv, G*q, D): row g*q + t is query head j*G + g at position t (a view when q = 1, decoding)
     query = query.reshape(B, H // G, G * q, D)
     # (B, 1, q, L) -> (B, 1, G*q, L): each of the G copies of the q rows gets the same mask rows (a view when q = 1)
@@ -365,14 +364,10 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 def set_attention(model, gqa=True):
     """Switch a transformers model between "sdpa_gqa" (sdpa_gqa_attention) and transformers' stock "sdpa"."""
-    global _STOCK_SDPA
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    if _STOCK_SDPA is None:
-        _STOCK_SDPA = sdpa_attention_forward
-        AttentionInterface.register("sdpa_gqa", sdpa_gqa_attention)
-        AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)  # the masks the stock "sdpa" gets (None when causal)
+    AttentionInterface.register("sdpa_gqa", sdpa_gqa_attention)  # (registering again replaces the same entry)
+    AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)  # the masks the stock "sdpa" gets (None when causal)
     model.set_attn_implementation("sdpa_gqa" if gqa else "sdpa")
 
 
