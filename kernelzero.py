@@ -32,6 +32,7 @@ import ast
 import contextlib
 import dataclasses
 import glob
+import gzip
 import importlib.util
 import json
 import math
@@ -112,7 +113,7 @@ class Config:
     ppo_epochs: int = 1  # passes over each generation batch (1: the ratio is 1 and clipping never binds)
     # SFT warm start
     sft: bool = True  # with the default model, run SFT first when no SFT checkpoint exists
-    sft_data: str = ""  # pairs.jsonl from `python -m kernelbench_tasks.synth`; "" = runs/sft_data_<backend>/pairs.jsonl
+    sft_data: str = ""  # pairs.jsonl(.gz) from `python -m kernelbench_tasks.synth`; "" = runs/sft_data_<backend>/pairs.jsonl
     sft_pairs: int = 2000  # pairs to generate when sft_data is missing
     sft_steps: int = 300  # optimizer steps per model
     sft_lr: float = 2e-5
@@ -878,7 +879,8 @@ def sft_warm_start(cfg, device, harness_device):
         with open(data + ".tmp", "w") as f:
             f.writelines(json.dumps(p) + "\n" for p in pairs)
         os.replace(data + ".tmp", data)
-    pairs = [json.loads(line) for line in open(data) if line.strip()]
+    with (gzip.open if data.endswith(".gz") else open)(data, "rt") as f:   # .jsonl or .jsonl.gz
+        pairs = [json.loads(line) for line in f if line.strip()]
     pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
     if not pairs:
         raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")

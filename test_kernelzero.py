@@ -16,6 +16,7 @@ Sections, in this order: eval_harness.py: isolation, correctness, anti reward ha
 import collections
 import concurrent.futures
 import functools
+import gzip
 import json
 import os
 import subprocess
@@ -1696,6 +1697,20 @@ def test_solutions_synth_cli_writes_jsonl(tmp_path):
     assert json.loads((out / "stats.json").read_text())["ok"] == 12
 
 
+def test_solutions_committed_sft_corpus_is_the_generators_output():
+    """kernelbench_tasks/sft_data/triton_2000.jsonl.gz (the SFT warm start's corpus, carried to the GPU machine with
+    the checkout) is exactly `synth --n 2000 --backend triton --seed 0`: every draw verified ok on the CPU, none
+    dropped, so it equals the unverified generation of the same seed; and the trainer reads it gzipped."""
+    path = os.path.join(TASKS, "sft_data", "triton_2000.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    stats = json.load(open(path.replace(".jsonl.gz", ".stats.json")))
+    assert stats["ok"] == len(rows) == 2000 and not stats["failures"] and stats["verified"]
+    assert rows == synth.generate_pairs(2000, "triton", seed=0, verify=False)[0]
+    coder_ex, proposer_ex = kz.sft_examples(rows[:8], "triton", one_shot=True)
+    assert len(coder_ex) == len(proposer_ex) == 8
+
+
 def test_solutions_synth_modules_use_their_apis_and_cover_every_kind():
     pairs, _ = synth.generate_pairs(300, "triton", seed=11, verify=False)
     assert {p["kind"] for p in pairs} == set(synth.KIND_WEIGHTS)
@@ -2513,8 +2528,11 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left" and model.config.num_hidden_layers == 2
     assert kz.sft_warm_start(cfg, torch.device("cpu"), "cpu") == paths
     assert "using the checkpoint" in capsys.readouterr().out
+    gz = tmp_path / "pairs.jsonl.gz"   # the gzipped form (the committed corpus) reads the same
+    gz.write_bytes(gzip.compress(data.read_bytes()))
     with pytest.raises(SystemExit, match="no cuda pairs"):
-        kz.sft_warm_start(dataclasses.replace(cfg, backend="cuda", sft_dir=str(tmp_path / "sft2")), None, "cpu")
+        kz.sft_warm_start(dataclasses.replace(cfg, backend="cuda", sft_dir=str(tmp_path / "sft2"), sft_data=str(gz)),
+                          None, "cpu")
 
 
 @pytest.mark.gpu
