@@ -58,6 +58,7 @@ second shape makes dynamo recompile with dynamic shapes), `train` ~1.5 min.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -92,6 +93,7 @@ class Config:
     baseline_cuda: int = 3           # (c) CUDA candidates also evaluated sequentially with plain load_inline (~50 s each)
     baseline_triton: int = 8         # (c) Triton candidates also evaluated sequentially
     timing_budget_s: float = 0.5     # (c) the harness's timing budget per candidate (its default is 2.0)
+    gpu_workers: int = 4             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are "smollm2", "qwen1.5b-shape" (random Qwen2.5-Coder-1.5B shape) and, for the CPU
@@ -526,7 +528,8 @@ def bench_throughput(cfg: Config, tag: str) -> None:
     rows, summary = [], {}
     for backend, pairs in sets.items():
         t0 = time.perf_counter()
-        with eval_harness.Evaluator(backend=backend, timing_budget_s=cfg.timing_budget_s) as ev:
+        with eval_harness.Evaluator(backend=backend, timing_budget_s=cfg.timing_budget_s,
+                                    gpu_workers=cfg.gpu_workers) as ev:
             results = ev.map([(r, c) for r, c, _ in pairs])
         harness_s = time.perf_counter() - t0
         got = [coarse(r.error_kind) for r in results]
@@ -549,7 +552,15 @@ def bench_throughput(cfg: Config, tag: str) -> None:
                             "baseline_measured_s": base_s, "baseline_total_s": base_total,
                             "labels": [p[2] for p in pairs], "harness": kinds, "baseline": dict(zip(subset, base)),
                             "agree_with_labels": agree, "agree_with_baseline": base_agree,
-                            "compile_s": [r.compile_s for r in results]}
+                            "compile_s": [r.compile_s for r in results],
+                            "phase_s": [r.details.get("phase_s") for r in results],
+                            "gpu_wait_s": [r.details.get("gpu_wait_s") for r in results]}
+        # where a verdict's time goes (summed over candidates; the GPU ones overlap up to gpu_workers at a time)
+        spent = collections.Counter()
+        for r in results:
+            spent.update(r.details.get("phase_s", {}))
+            spent["gpu_wait"] += r.details.get("gpu_wait_s", 0.0)
+        print(f"{backend}: seconds summed over candidates: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()))
         for i, ((_, _, label), r) in enumerate(zip(pairs, results)):   # (every 3rd CUDA candidate includes
             if coarse(r.error_kind) != label:                            # ATen/cuda/CUDAContext.h: cuSPARSE headers)
                 print(f"{backend} #{i}: labelled {label}, harness says {r.error_kind}: {r.error[:300]!r}")

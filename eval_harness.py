@@ -42,7 +42,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
   - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
     the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
-    profiling overlap while every timed rep runs alone. An out-of-memory verdict on a shared GPU is rerun alone.
+    profiling overlap while every timed rep runs alone. A worker makes its trials' host inputs before it asks for
+    the GPU (unless the reference mentions cuda): a timer waits for every holder, and this is CPU work. An
+    out-of-memory verdict on a shared GPU is rerun alone.
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
@@ -766,19 +768,43 @@ def _nbytes(xs) -> int:
     return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
 
 
-def _make_trials(ref, ref_model, device, opts: dict, details: dict) -> tuple[list, bool]:
-    """Inputs (on the host) and reference outputs for every trial, computed before the candidate exists."""
+def _trial_inputs(ref, opts: dict, details: dict) -> list[tuple[list, bool]]:
+    """(inputs, heavy) for every trial, made before the reference runs: `trials` draws of get_inputs() and a last,
+    heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). Host work for most tasks, which is
+    why the worker makes them before it takes its GPU turn (_job_evaluate)."""
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
-    n, trials, mutates = opts["trials"], [], False
-    t = 0
-    while t <= n:
-        heavy = t == n   # the extra trial: floating inputs times a log-normal factor (pitfall #9)
+    n, out = opts["trials"], []
+    for t in range(n + 1):
+        heavy = t == n
         torch.manual_seed(opts["seed"] + 1 + t)
         inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in ref.get_inputs()]
         if heavy:
             if not any(_is_float(x) for x in inputs):
                 break
             inputs = [x * torch.exp(torch.randn_like(x)) if _is_float(x) else x for x in inputs]
+        out.append((inputs, heavy))
+        if t == 0:   # official KernelBench inputs reach GBs: keep the host copies bounded (outputs: _make_trials)
+            n = _cap_trials(n, _nbytes(inputs), opts, details)
+    return out
+
+
+def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
+    fit = int(opts["max_trial_gb"] * 2**30 // max(per_trial, 1)) - 1   # - 1: the heavy trial
+    if fit < n:
+        n = max(1, fit)
+        details["trials_capped"] = n
+    return n
+
+
+def _make_trials(ref_model, draws: list, device, opts: dict, details: dict) -> tuple[list, bool]:
+    """Reference outputs (on the host) for every (inputs, heavy) draw of _trial_inputs, computed before the candidate
+    exists. Skips normal draws once inputs and outputs together would exceed max_trial_gb, and the heavy one if the
+    reference is not finite on it. Returns (trials, whether the reference mutates its inputs)."""
+    trials, mutates = [], False
+    allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
+    for inputs, heavy in draws:
+        if not heavy and len(trials) >= allowed:
+            continue
         args = _to_device(inputs, device)
         with torch.no_grad():
             out = _detach_cpu(ref_model(*args))
@@ -789,13 +815,8 @@ def _make_trials(ref, ref_model, device, opts: dict, details: dict) -> tuple[lis
             break
         trials.append({"inputs": [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs],
                        "out": out, "heavy": heavy})
-        if t == 0:   # official KernelBench inputs reach GBs: keep the host copies bounded
-            per_trial = _nbytes(inputs) + _nbytes(_tensors(out))
-            fit = int(opts["max_trial_gb"] * 2**30 // max(per_trial, 1)) - 1
-            if fit < n:
-                n = max(1, fit)
-                details["trials_capped"] = n
-        t += 1
+        if len(trials) == 1:
+            allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
     details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
     return trials, mutates
 
@@ -900,16 +921,24 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
 
     # 1. the reference, before any candidate code exists in this process
     send(("phase", "reference"))
-    # other candidates may check correctness on this GPU meanwhile (none may time); "alone": a rerun after an OOM
-    _gpu_turn(conn, "exclusive" if job.get("alone") else "shared")
+    # The GPU turn: other candidates may check correctness on this GPU meanwhile, none may time ("alone": a rerun
+    # after an OOM). A timer waits for every holder, so the trials' inputs are made on the host first (CPU work, ~2 s
+    # for a 256 MB task); a reference that mentions cuda may make them on the GPU and takes its turn at once.
+    turn = "exclusive" if job.get("alone") else "shared"
+    inputs_on_gpu = "cuda" in job["ref_src"]
+    if inputs_on_gpu:
+        _gpu_turn(conn, turn)
     try:
         clock = time.monotonic()
         ref = _load_module(job["ref_src"], "kz_reference")
         del sys.modules["kz_reference"]   # the candidate cannot find it by name
         init_inputs = ref.get_init_inputs()
+        draws = _trial_inputs(ref, opts, details)
+        details["ref_inputs_s"] = round(time.monotonic() - clock, 3)
+        if not inputs_on_gpu:
+            _gpu_turn(conn, turn)
         ref_model = build(ref.Model, init_inputs)
-        details["ref_build_s"] = round(time.monotonic() - clock, 3)   # the rest of the phase: trials
-        trials, ref_mutates = _make_trials(ref, ref_model, device, opts, details)
+        trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details)
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)

@@ -729,6 +729,47 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
     assert events == ["timing", "late shared"], events
 
 
+def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
+    """A worker makes the trials' inputs (host work) before it asks for its GPU turn, so a timer elsewhere does not
+    wait for it; a reference that mentions cuda (it may make its inputs on the GPU) asks first."""
+    def started_before_turn(ref_src: str) -> bool:
+        marker = tmp_path / f"marker{uuid.uuid4().hex}"
+        ref_src = ref_src.replace("return [torch.randn(N)]", f"open({str(marker)!r}, 'a').close()\n    "
+                                  "return [torch.randn(N)]")
+        gate, asked, acquire = eh._Gate(), threading.Event(), eh._Gate.acquire
+        gate.acquire("exclusive")   # another candidate is timing
+        gate.acquire = lambda mode: (asked.set(), acquire(gate, mode))   # notes when the worker asks for its turn
+        job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": GOOD_RELU, "backend": "triton", "device": "cpu",
+               "opts": eh.DEFAULTS}
+        limits = {"startup": 300.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+        worker = eh._Worker(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        box = {}
+        thread = threading.Thread(target=lambda: box.update(r=eh._run_job(worker, job, limits, gate)), daemon=True)
+        thread.start()
+        try:
+            assert asked.wait(120), "the worker never asked for a GPU turn"
+            time.sleep(0.5)   # (it would go on making inputs meanwhile if it were not waiting)
+            made = marker.exists()
+        finally:
+            gate.release("exclusive")
+        thread.join(120)
+        assert box["r"]["error_kind"] == "ok", box["r"]
+        assert box["r"]["details"]["gpu_wait_s"] > 0
+        return made
+
+    assert started_before_turn(RELU_TASK)
+    assert not started_before_turn(RELU_TASK.replace("import torch\n", "import torch  # inputs could be on cuda\n", 1))
+
+
+def test_harness_trials_capped_by_host_memory():
+    """max_trial_gb bounds the host copies of trial inputs and outputs: fewer normal trials, the heavy one kept."""
+    capped = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu", max_trial_gb=3.5 * 4 * 4096 / 2**30)
+    assert capped.error_kind == "ok", capped   # 16 KB inputs: 3 of them fit in 3.5 x 16 KB (2 counting the outputs)
+    assert capped.details["trials_capped"] == 1 and capped.details["trials"] == 2 and capped.details["heavy_trial"]
+    full = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu")
+    assert "trials_capped" not in full.details and full.details["trials"] == eh.DEFAULTS["trials"] + 1
+
+
 def test_harness_phase_times_and_gpu_turns_in_details():
     """Every verdict carries the parent's per-phase wall times; the workers' GPU turns are granted in CPU mode too."""
     result = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu")
@@ -918,9 +959,15 @@ def test_harness_gpu_robustness_many_candidates():
     bad = [(HANG, ("timeout",)), (SEGFAULT, ("crash",)), (RAISE, ("runtime",)), (bomb, ("runtime", "crash")),
            (illegal, ("crash",))]
     plan = [bad[(i // 5) % 5] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
-    rss_before = _harness_rss_mb()
+    rss_before, results, t0 = _harness_rss_mb(), [], time.monotonic()
     with eh.Evaluator(backend="triton", device="cuda", progress=False, run_timeout=10, timing_budget_s=0.1) as ev:
-        results = ev.map([(RELU_TASK, cand) for cand, _ in plan])   # small: the run is about the bad ones
+        # a small task (the run is about the bad candidates), in chunks with a running tally: a run cut by a time
+        # limit still reports how far it got
+        for start in range(0, n, 50):
+            results += ev.map([(RELU_TASK, cand) for cand, _ in plan[start:start + 50]])
+            print(f"\ngpu robustness: {len(results)}/{n} in {time.monotonic() - t0:.0f} s, parent "
+                  f"{_harness_rss_mb() - rss_before:+.0f} MB, " +
+                  json.dumps(collections.Counter(r.error_kind for r in results)), flush=True)
     wrong = [(i, r.error_kind, r.error[:300]) for i, (r, (_, kinds)) in enumerate(zip(results, plan))
              if r.error_kind not in kinds]
     assert not wrong, wrong
