@@ -554,12 +554,15 @@ def bench_throughput(cfg: Config, tag: str) -> None:
                             "agree_with_labels": agree, "agree_with_baseline": base_agree,
                             "compile_s": [r.compile_s for r in results],
                             "phase_s": [r.details.get("phase_s") for r in results],
-                            "gpu_wait_s": [r.details.get("gpu_wait_s") for r in results]}
+                            "gpu_wait_s": [r.details.get("gpu_wait_s") for r in results],
+                            "stage_s": [{k: v for k, v in r.details.items() if k.endswith("_s")} for r in results]}
         # where a verdict's time goes (summed over candidates; the GPU ones overlap up to gpu_workers at a time)
         spent = collections.Counter()
         for r in results:
             spent.update(r.details.get("phase_s", {}))
             spent["gpu_wait"] += r.details.get("gpu_wait_s", 0.0)
+            for stage in ("ref_inputs_s", "ref_outputs_s", "trials_s", "coverage_s", "timing_s"):   # inside phases
+                spent[stage.removesuffix("_s")] += r.details.get(stage, 0.0)
         print(f"{backend}: seconds summed over candidates: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()))
         for i, ((_, _, label), r) in enumerate(zip(pairs, results)):   # (every 3rd CUDA candidate includes
             if coarse(r.error_kind) != label:                            # ATen/cuda/CUDAContext.h: cuSPARSE headers)

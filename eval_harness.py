@@ -937,8 +937,10 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         details["ref_inputs_s"] = round(time.monotonic() - clock, 3)
         if not inputs_on_gpu:
             _gpu_turn(conn, turn)
+        clock = time.monotonic()
         ref_model = build(ref.Model, init_inputs)
         trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details)
+        details["ref_outputs_s"] = round(time.monotonic() - clock, 3)
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
@@ -958,7 +960,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
 
     # 3. correctness trials: the candidate runs first, on poisoned memory, with its own input copies
     poison = max(256 * 2**20, 4 * (_nbytes(trials[0]["inputs"]) + _nbytes(_tensors(trials[0]["out"]))))
-    args = None
+    args, clock = None, time.monotonic()
     try:
         cand_model = build(cand.ModelNew, init_inputs)
         for t, trial in enumerate(trials):
@@ -992,7 +994,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
                     return failed("mismatch", "two runs on the same inputs disagree: " + message, "nondeterministic")
                 del again
             del out, pristine
-        details["trials"] = len(trials)
+        details["trials"], details["trials_s"] = len(trials), round(time.monotonic() - clock, 3)
     except Exception as e:
         return failed(_classify(e), _format_exception(e))
     except SystemExit as e:
@@ -1004,11 +1006,12 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     if job["backend"] == "triton" and not instr.launches:
         return failed("reward_hack", "no @triton.jit kernel of the candidate ran during forward", "kernel_not_launched")
     if device.type == "cuda":
+        clock = time.monotonic()
         try:
             coverage = _kernel_coverage(cand_model, trials[0]["inputs"], device, instr)
         except Exception as e:
             return failed(_classify(e), _format_exception(e))
-        details.update(coverage)
+        details.update(coverage, coverage_s=round(time.monotonic() - clock, 3))
         if not coverage["own_kernels"]:
             return failed("reward_hack", f"none of the candidate's kernels ran on the GPU (kernels seen: "
                           f"{', '.join(coverage['kernels'][:5]) or 'none'})", "kernel_not_launched")
@@ -1020,6 +1023,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
     if device.type == "cuda" and opts["timing"]:
         _gpu_turn(conn, "exclusive")   # nothing else runs on this GPU while we time
+        clock = time.monotonic()
         try:
             times = _time_models({"ref": ref_model, "cand": cand_model}, trials, device, opts["timing_budget_s"],
                                  checked="cand", tol=(atol, rtol))
@@ -1032,7 +1036,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")
         ref_ms, cand_ms = times["ref"], times["cand"]
-        details.update(reps=len(cand_ms), mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
+        details.update(timing_s=round(time.monotonic() - clock, 3), reps=len(cand_ms),
+                       mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
                        host_median_ms=_median(times["host"]))
         result.update(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
                       speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
