@@ -43,10 +43,13 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
       record gives stock ms/step / sdpa_gqa ms/step. Each new batch size or attention is another compile of the same
       code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
       when comparing, e.g. `python bench.py rollout --rollout-models smollm2 --rollout-batches 64
-      --rollout-attention sdpa_gqa,sdpa`.
-  train: kernelzero.policy_update on `train_seqs` x `train_seq_len` random tokens, per gradient-checkpointing setting:
-      median step time, tokens/s, 6 x params x tokens / step against a bf16 torch.matmul timed in the same process,
-      peak memory allocated.
+      --rollout-attention sdpa_gqa,sdpa`. `--rollout-profile` (GPU): after each timed rollout, `profile_steps`
+      decode steps of the same compiled path under torch.profiler: the top CUDA kernels and kernel ms against wall ms
+      per step (GPU-busy share), in a "rollout_profile" record.
+  train: kernelzero.policy_update on `train_seqs` x `train_seq_len` random tokens, per gradient-checkpointing setting
+      and `train_logprob_chunk` setting (kernelzero's logprob_chunk: lm_head and log-softmax over that many completion
+      tokens at a time, recomputed in backward): median step time, tokens/s, 6 x params x tokens / step against a
+      bf16 torch.matmul timed in the same process, peak memory allocated.
 How these depart from plain generate and training: EOS is masked until the last token in both paths (min_new_tokens),
 so every call decodes the same number of steps; the greedy check runs rollout at temperature 0. Random weights have
 near-tied logits, so one bf16 rounding difference can flip a greedy token: exact greedy identity is meaningful for
@@ -110,12 +113,17 @@ class Config:
     greedy_batch: int = 4            # rollout: prompts of the greedy identity check (0: no check)
     greedy_new_tokens: int = 32      # rollout: tokens of the greedy identity check
     greedy_update_lr: float = 1e-3   # rollout: AdamW lr of the update between the two checks (must change the output)
+    rollout_profile: bool = False    # rollout: profile a few compiled decode steps and print the top CUDA kernels and
+    #                                  GPU-busy share (kernel time / wall time per step: launch-bound or kernel-bound?)
+    profile_steps: int = 16          # rollout: decode steps under the profiler (after 8 unprofiled ones), per batch
     train_models: str = "smollm2,qwen1.5b-shape"  # train: the policies whose CA-GRPO update is timed
     train_seqs: int = 64             # train: sequences per update (one generation batch)
     train_seq_len: int = 1024        # train: tokens per sequence, prompt included
     train_prompt_len: int = 256      # train: of which prompt (not trained on); the rest is completion
     train_micro_batch: int = 0       # train: sequences per forward/backward; 0 = the trainer's default
     train_grad_ckpt: str = "off,on"  # train: gradient checkpointing settings to time, comma-separated
+    train_logprob_chunk: str = "0"   # train: kernelzero's logprob_chunk settings to time (0 = whole logits at once),
+    #                                  comma-separated; each runs with each grad_ckpt setting
     train_steps: int = 3             # train: timed updates after one warm-up update; median
     matmul_size: int = 8192          # train: side of the bf16 torch.matmul that measures the matrix rate (GPU)
 
@@ -673,15 +681,15 @@ def encode(tok, prompts: list, kcfg):
 
 
 @contextlib.contextmanager
-def forced_generate(model):
+def forced_generate(model, **extra):
     """Inside the block model.generate decodes exactly max_new_tokens (EOS is masked until then, so every call does
     the same work). kernelzero.rollout stops at EOS; shadowing the sampler's generate is the smallest way to run
-    that path otherwise unchanged."""
+    that path otherwise unchanged. `extra`: more generate kwargs (the profiler's stopping criterion)."""
     plain = model.generate
 
     def generate(*args, **kwargs):
         kwargs["min_new_tokens"] = kwargs["max_new_tokens"]
-        return plain(*args, **kwargs)
+        return plain(*args, **kwargs, **extra)
     model.generate = generate   # an instance attribute shadows the method until the block ends
     try:
         yield
@@ -724,6 +732,52 @@ def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
     gen_s = statistics.median(batch["timing"]["gen_s"] for batch, _, _ in runs)
     return dict(first_s=first_s, compile_s=max(first_s - total_s, 0.0), total_s=total_s, gen_s=gen_s,
                 new_tokens=runs[-1][0]["timing"]["new_tokens"], peak_gb=runs[-1][2])
+
+
+def profile_decode(policy, prompts: list, kcfg, steps: int, warm: int = 8, top: int = 12):
+    """`steps` decode steps of kernelzero.rollout's own sampler path under torch.profiler (CPU + CUDA activities),
+    after `warm` unprofiled ones: run it after a timed rollout of the same shape, so nothing compiles in it. A
+    stopping criterion sees every step: it starts the profiler, then stops it and ends generate (the rest of the
+    rollout, the log-prob pass, stays out). Device time is summed per kernel name (memcpy/memset included); kernel
+    ms / wall ms per step is the GPU-busy share: well below 1, the step waits on the host (launches, syncs, Python).
+    Returns (result dict, the profiler: its CPU events let the CPU test count the steps)."""
+    import kernelzero as kz
+    from transformers import StoppingCriteria, StoppingCriteriaList
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                  + [torch.profiler.ProfilerActivity.CUDA] * gpu)
+    clock = []
+
+    class Window(StoppingCriteria):   # called once per generated token, the first right after the prefill
+        def __init__(self):
+            self.n = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.n += 1
+            if self.n in (warm, warm + steps):
+                sync()   # the window holds exactly the GPU work queued between these two calls
+                if self.n == warm:
+                    prof.start()
+                clock.append(time.perf_counter())
+                if self.n == warm + steps:
+                    prof.stop()
+            return torch.full((input_ids.shape[0],), self.n >= warm + steps, dtype=torch.bool, device=input_ids.device)
+    if kcfg.max_new_tokens <= warm + steps:
+        raise SystemExit(f"profiling {steps} decode steps after {warm} needs more than {warm + steps} new tokens")
+    with forced_generate(policy.sampler, stopping_criteria=StoppingCriteriaList([Window()])):
+        kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
+    kernels = collections.defaultdict(lambda: [0.0, 0])   # name: [ms per step, launches]
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name][0] += e.time_range.elapsed_us() / 1e3 / steps
+            kernels[e.name][1] += 1
+    kernel_ms, wall_ms = sum(ms for ms, _ in kernels.values()), (clock[1] - clock[0]) / steps * 1e3
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    return dict(steps=steps, wall_ms_per_step=wall_ms, kernel_ms_per_step=kernel_ms, gpu_busy=kernel_ms / wall_ms,
+                launches_per_step=sum(n for _, n in kernels.values()) / steps,
+                top=[dict(name=k, ms_per_step=ms, share=ms / kernel_ms, calls_per_step=n / steps)
+                     for k, (ms, n) in ranked]), prof
 
 
 def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
@@ -780,6 +834,8 @@ def bench_rollout(cfg: Config) -> None:
         raise SystemExit(f"--rollout-attention: sdpa_gqa and/or sdpa, not {cfg.rollout_attention!r}")
     T, rows, greedy_rows, attention_rows = cfg.rollout_new_tokens, [], [], []
     tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
+    if cfg.rollout_profile and device.type != "cuda":
+        print("rollout profile: skipped (it profiles CUDA kernels; no GPU here)")
     for name in cfg.rollout_models.split(","):
         kcfg = trainer_config(device)
         try:
@@ -795,10 +851,21 @@ def bench_rollout(cfg: Config) -> None:
             ms = {}
             for attention in attentions:   # switching the attention recompiles: the first call's compile_s has it
                 kz.set_attention(policy.sampler, gqa=attention == "sdpa_gqa")
-                ours = time_rollout(policy, prompts[:B], dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B),
-                                    cfg.rollout_reps, device)
+                rcfg = dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B)
+                ours = time_rollout(policy, prompts[:B], rcfg, cfg.rollout_reps, device)
                 rows.append(record_rollout(cfg, name, B, T, plain, ours, attention))
                 ms[attention] = ours["gen_s"] / T * 1e3
+                if cfg.rollout_profile and device.type == "cuda":   # now, while this attention's compile is warm
+                    prof = profile_decode(policy, prompts[:B], rcfg, cfg.profile_steps)[0]
+                    record(cfg, "rollout_profile", dict(model=name, batch=B, attention=attention,
+                                                        unprofiled_ms_per_step=ms[attention], **prof))
+                    table(f"{name} batch {B} ({attention}): top CUDA kernels over {cfg.profile_steps} profiled decode "
+                          f"steps: {prof['kernel_ms_per_step']:.2f} ms of kernels per "
+                          f"{prof['wall_ms_per_step']:.2f} ms step (GPU busy {prof['gpu_busy']:.0%}; "
+                          f"{prof['launches_per_step']:.0f} kernels per step; unprofiled {ms[attention]:.2f} ms/step, "
+                          f"prefill included)",
+                          ["kernel", "ms/step", "share", "calls/step"],
+                          [[k["name"][:100], k["ms_per_step"], k["share"], k["calls_per_step"]] for k in prof["top"]])
             if len(ms) == 2:   # stock / ours: > 1 means sdpa_gqa decodes faster
                 record(cfg, "attention", dict(model=name, batch=B, new_tokens=T, sdpa_ms_per_step=ms["sdpa"],
                                               sdpa_gqa_ms_per_step=ms["sdpa_gqa"], ratio=ms["sdpa"] / ms["sdpa_gqa"]))
@@ -873,23 +940,26 @@ def bench_train(cfg: Config) -> None:
             continue
         params = sum(p.numel() for p in policy.model.parameters())   # tied embeddings count once
         batch, advantages = train_batch(policy, kcfg, cfg, device)
-        for ckpt in cfg.train_grad_ckpt.split(","):
+        chunks = [int(k) for k in cfg.train_logprob_chunk.split(",")]
+        for ckpt, chunk in [(c, k) for c in cfg.train_grad_ckpt.split(",") for k in chunks]:
+            ucfg = dataclasses.replace(kcfg, logprob_chunk=chunk)
             if ckpt == "on":
                 policy.model.gradient_checkpointing_enable()   # what make_policy does for gradient_checkpointing
             else:
                 policy.model.gradient_checkpointing_disable()
-            res = dict(model=name, grad_ckpt=ckpt, micro_batch=kcfg.micro_batch, seqs=cfg.train_seqs,
-                       seq_len=cfg.train_seq_len, prompt_len=cfg.train_prompt_len, params=params, matmul_tflops=rate)
+            res = dict(model=name, grad_ckpt=ckpt, logprob_chunk=chunk, micro_batch=kcfg.micro_batch,
+                       seqs=cfg.train_seqs, seq_len=cfg.train_seq_len, prompt_len=cfg.train_prompt_len, params=params,
+                       matmul_tflops=rate)
             free_memory(device)   # the allocator's cache from the previous setting would count as reserved here
             try:   # the first update allocates AdamW's state: a warm-up
-                steps = [clocked(device, kz.policy_update, policy, batch, advantages, kcfg)[1:]
+                steps = [clocked(device, kz.policy_update, policy, batch, advantages, ucfg)[1:]
                          for _ in range(1 + cfg.train_steps)][1:]
             except torch.cuda.OutOfMemoryError as e:
                 res["error"] = f"out of memory: {str(e)[:200]}"
             if "error" in res:   # outside the except block, so the failed step's tensors are released
                 policy.opt.zero_grad(set_to_none=True)
                 free_memory(device)
-                rows.append([name, ckpt, kcfg.micro_batch, params / 1e6, "OOM", "-", "-", "-", "-", "-"])
+                rows.append([name, ckpt, chunk, kcfg.micro_batch, params / 1e6, "OOM", "-", "-", "-", "-", "-"])
                 record(cfg, "train", res)
                 continue
             step_s = statistics.median(s for s, _ in steps)
@@ -898,16 +968,16 @@ def bench_train(cfg: Config) -> None:
                        frac_of_matmul=tflops / rate if rate else None, peak_gb=steps[-1][1],
                        reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None)
             record(cfg, "train", res)
-            print(f"{name} grad ckpt {ckpt}: {step_s:.2f} s/update", flush=True)
-            rows.append([name, ckpt, kcfg.micro_batch, params / 1e6, step_s, res["tokens_per_s"], tflops,
+            print(f"{name} grad ckpt {ckpt}, logprob chunk {chunk}: {step_s:.2f} s/update", flush=True)
+            rows.append([name, ckpt, chunk, kcfg.micro_batch, params / 1e6, step_s, res["tokens_per_s"], tflops,
                          res["frac_of_matmul"] or "-", res["peak_gb"] or "-", res["reserved_gb"] or "-"])
         del policy, batch
         free_memory(device)
     table(f"train on {device.type}: one kernelzero.policy_update on {cfg.train_seqs} x {cfg.train_seq_len} tokens "
           f"(prompt {cfg.train_prompt_len}), median of {cfg.train_steps} after a warm-up; TFLOP/s = 6 x params x "
           f"tokens / step; bf16 matmul {rate and f'{rate:.0f}'} TFLOP/s",
-          ["model", "grad ckpt", "micro", "params M", "step s", "tokens/s", "TFLOP/s", "of matmul", "peak GB",
-           "reserved GB"], rows)
+          ["model", "grad ckpt", "logprob chunk", "micro", "params M", "step s", "tokens/s", "TFLOP/s", "of matmul",
+           "peak GB", "reserved GB"], rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -920,7 +990,9 @@ def parse_args(argv=None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("command", choices=sorted(COMMANDS))
     for f in dataclasses.fields(Config):
-        if f.name != "command":
+        if isinstance(f.default, bool):   # type=bool would read "--flag False" as True
+            p.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name != "command":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     return Config(**vars(p.parse_args(argv)))
 

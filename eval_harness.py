@@ -474,8 +474,8 @@ def _worker_main(fd: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (int(limit_gb * 2**30),) * 2)
     if os.environ["KZ_BACKEND"] == "triton":
         import triton  # noqa: F401  (imported while idle, so it is not counted as the candidate's compile time)
-    if device == "cuda" and role == "run":   # create the CUDA context while idle (~1 s), not in the reference phase
-        torch.zeros(1, device="cuda")
+    if device == "cuda" and role == "run":   # one-time costs paid while idle, not while holding the GPU turn
+        _warm_up_gpu_worker(os.environ["KZ_BACKEND"])
     threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
     conn.send(("ready", os.getpid()))
     job = conn.recv()
@@ -486,6 +486,28 @@ def _worker_main(fd: int) -> None:
     conn.send(("result", result))
     conn.close()
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
+
+
+def _warm_up_gpu_worker(backend: str) -> None:
+    """First uses that cost seconds in a fresh process (H200, session 5): the CUDA context (~0.4 s), the profiler
+    behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up (1.3 s for the first
+    kernel, 0.07 s for the next). Workers boot while others hold the GPU, so none of this launches a kernel: an
+    empty profile, and a Triton kernel compiled (warmup) but never run."""
+    torch.zeros(1, device="cuda")   # context creation (+ one tiny fill; the pre-session-5 boot did the same)
+    from torch.profiler import ProfilerActivity, profile
+    with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        warnings.simplefilter("ignore")
+    if backend == "triton":
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _kz_warm_up(x_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+        with contextlib.suppress(Exception):   # a warm-up only: a failure here costs time later, nothing else
+            _kz_warm_up.warmup(torch.float32, 16, BLOCK=16, grid=(1,))
 
 
 def _gpu_turn(conn: Connection, mode: str) -> None:

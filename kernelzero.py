@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 # -----------------------------------------------------------------------------
 # Config
@@ -110,6 +111,8 @@ class Config:
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # max global grad norm
     micro_batch: int = 8  # sequences per forward/backward (gradient accumulation over the batch)
+    logprob_chunk: int = 0  # completion tokens per lm_head chunk in the log-prob passes (0 = all at once): bounds the
+    #                         (micro_batch, chunk, vocab) logits memory; backward recomputes one chunk's logits
     ppo_epochs: int = 1  # passes over each generation batch (1: the ratio is 1 and clipping never binds)
     # SFT warm start
     sft: bool = True  # with the default model, run SFT first when no SFT checkpoint exists
@@ -515,17 +518,48 @@ def completion_mask(completion_ids, eos_ids):
     return (torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]).float()
 
 
-def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature):
+# config fields with which a causal LM scales or soft-caps lm_head's output (Gemma 2, Cohere, Granite): the chunked
+# log-probs below apply lm_head alone, so such models take the unchunked path
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature, chunk=0):
     """(B, L) prompt+completion -> (B, T) log-probs of the last T = n_completion tokens under logits / temperature.
 
     A separate forward pass, never generate's processed scores (TRL/verl do the same): sampling used the same
     temperature, so these are the log-probs of the distribution that was actually sampled.
+    chunk (0 < chunk < T): the transformer body runs once, then lm_head, the fp32 cast and the log-softmax run on
+    `chunk` completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V)
+    logits exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16 and
+    3.7 GB per fp32 copy); backward recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens).
+    Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
+    Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
+    config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.
     """
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-                   logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
-    logits = logits.float() if temperature in (0, 1) else logits.float() / temperature  # (one fp32 copy fewer at 1)
     targets = input_ids[:, -n_completion:]
+    if chunk <= 0 or chunk >= n_completion or any(getattr(model.config, k, None) for k in LOGIT_POSTPROCESSING):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                       logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
+        return token_logprobs(logits, targets, temperature)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                                 use_cache=False).last_hidden_state[:, -n_completion - 1:-1]  # (B, T, H), normed
+    head = model.get_output_embeddings()
+
+    def piece(h, t):
+        return token_logprobs(head(h), t, temperature)
+    out = []
+    for s in range(0, n_completion, chunk):
+        h, t = hidden[:, s:s + chunk], targets[:, s:s + chunk]
+        # without grad (old and reference log-probs) there is nothing to recompute: plain call
+        out.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled()
+                   else piece(h, t))
+    return torch.cat(out, 1)
+
+
+def token_logprobs(logits, targets, temperature):
+    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature."""
+    logits = logits.float() if temperature in (0, 1) else logits.float() / temperature  # (one fp32 copy fewer at 1)
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
@@ -594,8 +628,10 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
     old = []
     for i in range(0, len(prompts), cfg.micro_batch):
         with autocast(device):
+            # the update's own chunking: the old and new log-probs round alike, so the first ratio is 1
             old.append(sequence_logprobs(model, input_ids[i:i + cfg.micro_batch],
-                                         attention_mask[i:i + cfg.micro_batch], T, cfg.temperature))
+                                         attention_mask[i:i + cfg.micro_batch], T, cfg.temperature,
+                                         cfg.logprob_chunk))
     logprob_s = time.perf_counter() - t0
     texts = tok.batch_decode(completion_ids * cmask.long() + tok.pad_token_id * (1 - cmask.long()),
                              skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -764,12 +800,13 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
             sl = slice(i, i + cfg.micro_batch)
             mask = mask_all[sl]
             with autocast(device):
-                logp = sequence_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T, cfg.temperature)
+                logp = sequence_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T, cfg.temperature,
+                                         cfg.logprob_chunk)
                 ref = None
                 if policy.ref is not None:
                     with torch.no_grad():
                         ref = sequence_logprobs(policy.ref, batch["input_ids"][sl], batch["attention_mask"][sl], T,
-                                                cfg.temperature)
+                                                cfg.temperature, cfg.logprob_chunk)
             loss, stats = ca_grpo_loss(logp, batch["old_logprobs"][sl], advantages[sl].to(device), mask,
                                        ref_logprobs=ref, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                        kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)

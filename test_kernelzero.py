@@ -2215,6 +2215,63 @@ def test_trainer_logprobs_ignore_left_padding():
     _trainer_close(lp1[0], manual.tolist(), atol=1e-5)
 
 
+def _trainer_logprob_case(tied):
+    """A tiny model (lm_head tied to the embeddings or not) and a left-padded batch of 3 sequences, 11 completion."""
+    from transformers import LlamaForCausalLM
+    model, tok = kz.load_model("tiny", seed=0)
+    if not tied:
+        config = model.config.to_dict() | dict(tie_word_embeddings=False)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(type(model.config).from_dict(config))
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
+    enc = tok(["hi", "a longer prompt", "mid size"], return_tensors="pt", padding=True)
+    torch.manual_seed(1)
+    completion = torch.randint(0, 256, (3, 11))
+    ids = torch.cat([enc.input_ids, completion], 1)
+    return model, ids, torch.cat([enc.attention_mask, torch.ones_like(completion)], 1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_trainer_chunked_logprobs_match_unchunked_values_and_gradients(tied):
+    """sequence_logprobs(chunk=4) on T = 11 (chunks 4, 4, 3): same log-probs and parameter gradients as all at once,
+    and no saved activation holds more than one chunk's logits."""
+    model, ids, mask = _trainer_logprob_case(tied)
+    V = model.config.vocab_size
+    weights = torch.randn(3, 11, generator=torch.Generator().manual_seed(2))
+    out = {}
+    for chunk in (0, 4, 11):   # 11 = T: the unchunked path
+        model.zero_grad(set_to_none=True)
+        saved = []
+
+        def pack(t):
+            saved.append(tuple(t.shape))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp = kz.sequence_logprobs(model, ids, mask, 11, 0.7, chunk)
+        (lp * weights).sum().backward()
+        out[chunk] = lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+        logits_saved = [s for s in saved if len(s) == 3 and s[0] == 3 and s[-1] == V]   # (B, positions, V)
+        assert max((math.prod(s) for s in logits_saved), default=0) == (3 * 11 * V if chunk in (0, 11) else 0)
+        with torch.no_grad():   # the old / reference log-prob passes
+            _trainer_close(kz.sequence_logprobs(model, ids, mask, 11, 0.7, chunk), lp.tolist(), atol=1e-5)
+    for chunk in (4, 11):
+        _trainer_close(out[chunk][0], out[0][0].tolist(), atol=1e-5)
+        assert out[chunk][1].keys() == out[0][1].keys()
+        for name, g in out[0][1].items():
+            assert g.abs().sum() > 0, name
+            assert torch.allclose(out[chunk][1][name], g, atol=1e-6, rtol=1e-4), name
+
+
+def test_trainer_chunked_logprobs_skip_models_that_postprocess_logits(monkeypatch):
+    """A config with a logit soft-cap or scale must not take the lm_head-only chunked path."""
+    model, ids, mask = _trainer_logprob_case(tied=True)
+    expect = kz.sequence_logprobs(model, ids, mask, 11, 1.0)
+    monkeypatch.setattr(model.config, "final_logit_softcapping", 30.0, raising=False)
+    monkeypatch.setattr(model, "get_decoder", lambda: pytest.fail("chunked path taken"))
+    _trainer_close(kz.sequence_logprobs(model, ids, mask, 11, 1.0, 4), expect.tolist(), atol=1e-6)
+
+
 def test_trainer_rollout_shapes_and_masks():
     torch.manual_seed(0)
     cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, gen_batch_size=3, micro_batch=2)
@@ -2373,6 +2430,27 @@ def test_trainer_update_microbatching_matches_one_batch():
         grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
         assert stats["tokens"] == float(b["completion_mask"].sum()) and stats["ratio_mean"] == pytest.approx(1, abs=1e-4)
     assert grads[0].abs().sum() > 0
+    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+
+
+def test_trainer_update_with_chunked_logprobs_matches_unchunked():
+    """cfg.logprob_chunk reaches rollout's old log-probs, the update and the KL reference: same numbers as unchunked."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=8, micro_batch=3, grad_clip=1e9, kl_coef=0.1)
+    pols = [kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu")) for _ in range(2)]
+    b = kz.rollout(pols[0].model, pols[0].tok, ["ab", "cd", "ef", "gh"] * 2, cfg)
+    chunked = kz.rollout(pols[0].model, pols[0].tok, ["ab"], dataclasses.replace(cfg, logprob_chunk=4))
+    _trainer_close(chunked["old_logprobs"], kz.sequence_logprobs(pols[0].model, chunked["input_ids"],
+                   chunked["attention_mask"], 10, cfg.temperature).tolist(), atol=1e-5)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.0, -1.0])
+    grads, stats = [], []
+    for pol, chunk in zip(pols, (0, 4)):   # chunks of 4, 4, 2 completion tokens
+        pol.opt = torch.optim.SGD(pol.model.parameters(), lr=0.1)   # a step, so the second epoch has a KL to see
+        stats.append(kz.policy_update(pol, b, adv, dataclasses.replace(cfg, logprob_chunk=chunk, ppo_epochs=2)))
+        grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
+    assert stats[0]["kl"] > 0 and grads[0].abs().sum() > 0
+    for k in ("loss", "kl", "ratio_mean", "grad_norm"):
+        assert stats[1][k] == pytest.approx(stats[0][k], rel=1e-4, abs=1e-7), k
     _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
 
 
@@ -2679,12 +2757,28 @@ def test_bench_rollout_cpu_random_qwen_shape_attention_on_and_off(tmp_path):
     assert policy.model.config.tie_word_embeddings and policy.sampler is policy.model   # CPU: no bf16 copy
 
 
+def test_bench_rollout_profile_skipped_on_cpu_and_its_window_holds_exactly_the_steps(tmp_path, capsys):
+    rows = _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-batches", "1",
+                      "--rollout-new-tokens", "4", "--baseline-new-tokens", "2", "--greedy-batch", "0",
+                      "--rollout-profile")
+    assert "rollout profile: skipped" in capsys.readouterr().out
+    assert [r["section"] for r in rows] == ["rollout"]
+    assert bench.parse_args(["rollout"]).rollout_profile is False   # a real flag, not type=bool
+    # the profiling itself (CPU activities only here): the window spans `steps` decode steps, one sample each
+    policy, kcfg = _bench_tiny_policy()
+    res, prof = bench.profile_decode(policy, _bench_prompts(2), dataclasses.replace(kcfg, max_new_tokens=20,
+                                                                                    gen_batch_size=2), 5, warm=3)
+    assert sum(e.name == "aten::multinomial" for e in prof.events()) == 5
+    assert res["steps"] == 5 and res["wall_ms_per_step"] > 0 and res["top"] == [] and res["gpu_busy"] == 0
+
+
 def test_bench_train_cpu_writes_records(tmp_path):
     rows = _bench_run(tmp_path, "train", "--train-models", "tiny", "--train-seqs", "4", "--train-seq-len", "48",
-               "--train-prompt-len", "16", "--train-steps", "1", "--train-micro-batch", "2")
+               "--train-prompt-len", "16", "--train-steps", "1", "--train-micro-batch", "2",
+               "--train-logprob-chunk", "0,20")   # 32 completion tokens: chunks of 20 and 12
     assert rows[0]["section"] == "matmul" and rows[0]["tflops"] is None   # GPU-only
     trains = [r for r in rows if r["section"] == "train"]
-    assert [r["grad_ckpt"] for r in trains] == ["off", "on"]
+    assert [(r["grad_ckpt"], r["logprob_chunk"]) for r in trains] == [("off", 0), ("off", 20), ("on", 0), ("on", 20)]
     params = sum(p.numel() for p in _bench_tiny_policy()[0].model.parameters())
     for r in trains:
         assert r["micro_batch"] == 2 and r["params"] == params and r["step_s"] > 0
