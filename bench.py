@@ -96,7 +96,7 @@ class Config:
     baseline_cuda: int = 3           # (c) CUDA candidates also evaluated sequentially with plain load_inline (~50 s each)
     baseline_triton: int = 8         # (c) Triton candidates also evaluated sequentially
     timing_budget_s: float = 0.5     # (c) the harness's timing budget per candidate (its default is 2.0)
-    gpu_workers: int = 4             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
+    gpu_workers: int = 8             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are "smollm2", "qwen1.5b-shape" (random Qwen2.5-Coder-1.5B shape) and, for the CPU

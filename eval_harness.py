@@ -1265,7 +1265,7 @@ class Evaluator:
     check correctness, but each times alone (_Gate): fair timing, and process start-up, reference inputs, Triton JIT
     and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
 
-    def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=4,
+    def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=8,
                  **opts):
         unknown = set(opts) - set(DEFAULTS)
         if unknown:

@@ -950,7 +950,7 @@ return self.out''')
 @gpu
 def test_harness_gpu_robustness_many_candidates():
     """The GPU version of the robustness run: ~20% hang, segfault, raise, exhaust GPU memory or hit an illegal memory
-    access, among good candidates sharing the GPU (gpu_workers=4). Every one classified, nothing left behind, the
+    access, among good candidates sharing the GPU (gpu_workers=8). Every one classified, nothing left behind, the
     good ones stay ok (an out-of-memory victim of a neighbour's bomb is rerun alone). KZ_HARNESS_ROBUST_N=200."""
     n = int(os.environ.get("KZ_HARNESS_ROBUST_N", "20"))
     bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**28, device=x.device))")
