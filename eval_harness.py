@@ -43,8 +43,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
     the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
     profiling overlap while every timed rep runs alone. A worker makes its trials' host inputs before it asks for
-    the GPU (unless the reference mentions cuda): a timer waits for every holder, and this is CPU work. An
-    out-of-memory verdict on a shared GPU is rerun alone.
+    the GPU (unless the reference mentions cuda): a timer waits for every holder, and this is CPU work. A GPU
+    worker pays the profiler's and Triton's start-up (seconds) at boot, while idle. An out-of-memory verdict on a
+    shared GPU is rerun alone.
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
