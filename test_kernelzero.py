@@ -729,6 +729,32 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
     assert events == ["timing", "late shared"], events
 
 
+def test_harness_sharing_gpus_holds_off_timing_until_the_block_ends():
+    """Evaluator.sharing_gpus: the caller's own GPU work (the trainer generating) takes a shared turn, so a candidate
+    may be checked meanwhile but not timed; on the CPU it is a no-op."""
+    ev = eh.Evaluator(backend="triton", device="cpu", progress=False)
+    gate = eh._Gate()
+    ev.pools, ev.gates = {}, {0: gate}   # as if started on one GPU
+    timed = threading.Event()
+
+    def timer():
+        gate.acquire("exclusive")
+        timed.set()
+        gate.release("exclusive")
+    with ev.sharing_gpus():
+        assert gate.shared == 1
+        worker = threading.Thread(target=timer)
+        worker.start()
+        assert not timed.wait(0.3), "a candidate was timed while the caller used the GPU"
+    worker.join(5)
+    assert timed.is_set() and gate.shared == 0 and not gate.exclusive
+    cpu = eh.Evaluator(backend="triton", device="cpu", progress=False)
+    cpu.spare = 0   # (no idle workers booted for this check)
+    with cpu.sharing_gpus():
+        assert cpu.gates == {}
+    cpu.close()
+
+
 def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
     """A worker makes the trials' inputs (host work) before it asks for its GPU turn, so a timer elsewhere does not
     wait for it; a reference that mentions cuda (it may make its inputs on the GPU) asks first."""
@@ -2415,6 +2441,38 @@ def test_trainer_rollout_pads_the_last_batch_and_drops_the_copies():
     assert out[True]["completions"] == out[False]["completions"]
     assert out[True]["timing"]["new_tokens"] == out[False]["timing"]["new_tokens"]
     _trainer_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-6)
+
+
+def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkeypatch):
+    """Each generate call's kernels reach the harness while the next call generates (deterministic: the second
+    generate call waits until the harness has the first chunk; a sequential version times out here), every generate
+    call and scoring pass inside the Evaluator's sharing_gpus turn, results in prompt order."""
+    import contextlib
+    cfg = _trainer_cfg(max_new_tokens=6, prompt_bucket=16, gen_batch_size=2, micro_batch=2)
+    pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
+    prompts, refs = [f"p{i}" for i in range(5)], [f"ref{i}" for i in range(5)]
+    first_chunk, calls, turns = threading.Event(), [], []
+
+    def fake_run_kernels(ev, chunk_refs, texts):
+        calls.append((list(chunk_refs), list(texts)))
+        first_chunk.set()
+        return [f"verdict {r}" for r in chunk_refs]
+
+    class FakeEvaluator:
+        @contextlib.contextmanager
+        def sharing_gpus(self):
+            turns.append(len(calls))
+            if len(turns) == 2:
+                assert first_chunk.wait(10), "the harness did not get the first chunk during generation"
+            yield
+    monkeypatch.setattr(kz, "run_kernels", fake_run_kernels)
+    times = {}
+    batch, results = kz.generate_and_verify(FakeEvaluator(), pol, prompts, refs, cfg, times, "coder", "test")
+    assert results == [f"verdict {r}" for r in refs]
+    assert [c[0] for c in calls] == [refs[0:2], refs[2:4], refs[4:5]]
+    assert [t for c in calls for t in c[1]] == batch["completions"] and len(batch["completions"]) == 5
+    assert len(turns) == 3 + 3   # three generate calls (2 + 2 + 1 prompts), three scoring micro-batches of 2
+    assert set(times) == {"coder_gen", "coder_eval"}
 
 
 def test_trainer_update_microbatching_matches_one_batch():
