@@ -15,6 +15,7 @@ Sections, in this order: eval_harness.py: isolation, correctness, anti reward ha
 # ---------------------------------------------------------------------------------------------------------------------
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import gzip
 import json
@@ -2104,10 +2105,14 @@ def _phase_fakes(monkeypatch, results_fn):
     from eval_harness import KernelResult
     seen = {"adv": [], "prompts": []}
 
-    def rollout(model, tok, prompts, cfg, sampler=None, desc=""):
+    def rollout(model, tok, prompts, cfg, sampler=None, desc="", gpu_turn=None, on_chunk=None):
         seen["prompts"] += prompts
         n = len(prompts)
-        return {"completions": [f"```python\n# {i}\n```" for i in range(n)], "completion_mask": torch.ones(n, 3),
+        completions = [f"```python\n# {i}\n```" for i in range(n)]
+        if on_chunk:   # (generate_and_verify) one generate call: its kernels go to the (fake) harness
+            with gpu_turn():
+                on_chunk(0, completions)
+        return {"completions": completions, "completion_mask": torch.ones(n, 3),
                 "old_logprobs": torch.zeros(n, 3), "timing": {"tokens_per_s": 1.0}}
 
     def run_kernels(ev, refs, completions):
@@ -2122,6 +2127,7 @@ def _phase_fakes(monkeypatch, results_fn):
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
                         lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))]))
+    seen["ev"] = types.SimpleNamespace(sharing_gpus=contextlib.nullcontext)   # no GPU: turns are no-ops
     return seen
 
 
@@ -2133,7 +2139,7 @@ def test_trainer_ablation_correctness_only_coder_reward(monkeypatch, mode):
     cfg = _trainer_cfg(coder_reward=mode, group_size=4, modules_per_round=1)
     state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {}}
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
-    stats = kz.coder_phase(pol, pol, None, state, cfg, torch.device("cpu"), {})
+    stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
     adv = seen["adv"][0]
     assert stats["coder/pass_rate"] == 1.0
     if mode == "correctness":
@@ -2159,7 +2165,7 @@ def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
     monkeypatch.setattr(kz, "api_weights", lambda stats: {e["name"]: (1e9 if e["name"] == hot else 1.0)
                                                           for e in catalog.CATALOG})
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
-    stats = kz.proposer_phase(pol, pol, None, state, cfg, torch.device("cpu"), "cpu", {})
+    stats = kz.proposer_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), "cpu", {})
     adv = seen["adv"][0]
     if mode == "uniform":
         assert drawn == [{}] and len(state["pool"]) == 2 and torch.equal(adv, torch.zeros(2))
@@ -2447,7 +2453,6 @@ def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkey
     """Each generate call's kernels reach the harness while the next call generates (deterministic: the second
     generate call waits until the harness has the first chunk; a sequential version times out here), every generate
     call and scoring pass inside the Evaluator's sharing_gpus turn, results in prompt order."""
-    import contextlib
     cfg = _trainer_cfg(max_new_tokens=6, prompt_bucket=16, gen_batch_size=2, micro_batch=2)
     pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
     prompts, refs = [f"p{i}" for i in range(5)], [f"ref{i}" for i in range(5)]
