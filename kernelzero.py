@@ -1044,7 +1044,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
     return {"proposer/valid_frac": float(valid_t.float().mean()),
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
             "proposer/unique_valid": len(modules), "proposer/added": len(added),
-            "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/reward_mean": float(rewards.mean()),
+            "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/pass_rates": sorted(ps),
+            "proposer/reward_mean": float(rewards.mean()),
             "proposer/frac_reward_zero_std": 1 - float(spread.float().mean()),
             "proposer/tokens_per_s": batch["timing"]["tokens_per_s"],
             **{f"proposer/{k}": v for k, v in stats.items()}}
@@ -1333,6 +1334,10 @@ def plot_run(run_dir):
             pts = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=3, label=key)
+        if title.startswith("Frontier"):  # each probed module's pass rate: the distribution behind the mean
+            dots = [(r["round"], p) for r in rows for p in r.get("proposer/pass_rates") or []]
+            if dots:
+                ax.scatter(*zip(*dots), s=8, alpha=0.4, color="grey", label="proposer/pass_rates (modules)")
         ax.set_title(title)
         ax.set_xlabel("round")
         if ax.lines:

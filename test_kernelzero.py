@@ -2171,7 +2171,7 @@ def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
         assert drawn == [{}] and len(state["pool"]) == 2 and torch.equal(adv, torch.zeros(2))
     else:
         assert drawn[0][hot] == 1e9 and [m["p"] for m in state["pool"]] == [0.5] and adv[0] > adv[1]
-    assert stats["proposer/unique_valid"] == 2
+    assert stats["proposer/unique_valid"] == 2 and stats["proposer/pass_rates"] == [0.5, 1.0]
 
 
 def test_trainer_ablation_flags_are_checked():
@@ -2569,10 +2569,19 @@ def test_trainer_config_argparse_round_trip():
 
 
 def test_trainer_plot_writes_png(tmp_path):
-    rows = [{"round": 0, "coder/pass_rate": 0.1, "proposer/valid_frac": 0.5, "coder/kl": 0.0},
-            {"round": 1, "coder/pass_rate": 0.3, "proposer/valid_frac": 0.7, "coder/speedup": None}]
+    rows = [{"round": 0, "coder/pass_rate": 0.1, "proposer/valid_frac": 0.5, "coder/kl": 0.0,
+             "proposer/pass_rates": [0.0, 0.25, 0.5]},
+            {"round": 1, "coder/pass_rate": 0.3, "proposer/valid_frac": 0.7, "coder/speedup": None,
+             "proposer/pass_rates": []}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    path = kz.cli(["plot", str(tmp_path)])
+    import matplotlib.axes
+    scattered = []
+    real_scatter = matplotlib.axes.Axes.scatter
+    with pytest.MonkeyPatch.context() as mp:   # the module pass rates are drawn as dots, one per module
+        mp.setattr(matplotlib.axes.Axes, "scatter", lambda ax, x, y, **kw: scattered.append((x, y)) or
+                   real_scatter(ax, x, y, **kw))
+        path = kz.cli(["plot", str(tmp_path)])
+    assert scattered == [((0, 0, 0), (0.0, 0.25, 0.5))]
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
