@@ -131,6 +131,8 @@ class Config:
     eval_every: int = 5  # evaluate the Coder on held-out levels every this many rounds (0 = never)
     eval_levels: str = "1,2"  # held-out kernelbench_tasks levels used during training
     eval_max_tasks: int = 0  # evaluate only the first N tasks per level (0 = all)
+    eval_samples: int = 1  # kernels per task in the held-out eval during training (pass@k for k <= it; 8 in issue 6)
+    eval_first: bool = False  # also evaluate before the first round (after SFT): the run's starting point, round -1
     level: int = 1  # eval subcommand: which level
     samples: int = 10  # eval subcommand: samples per task (pass@k for k <= samples)
     kernelbench_dir: str = ""  # eval subcommand: an official KernelBench checkout instead of kernelbench_tasks
@@ -1156,6 +1158,15 @@ def console_line(rec):
             f" | {f('time/round', '.0f')}s gpu {f('gpu_peak_gb', '.1f')}GB")
 
 
+def held_out_eval(coder, cfg, ev):
+    """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder)."""
+    out = {}
+    for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
+        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
+        out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
+    return out
+
+
 def main(cfg):
     """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR."""
     from eval_harness import Evaluator
@@ -1187,6 +1198,13 @@ def main(cfg):
         state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
                      pool=seed_pool(cfg, harness_device))
     with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
+        if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
+            t0 = time.perf_counter()
+            rec = {"round": -1, **held_out_eval(coder, cfg, ev), "time/eval": time.perf_counter() - t0}
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            state["metrics_lines"] += 1
+            print("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
         while state["round"] < cfg.rounds:
             times, t0 = {}, time.perf_counter()
             if device.type == "cuda":
@@ -1197,9 +1215,7 @@ def main(cfg):
             rec["pool_size"] = len(state["pool"])
             if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
                 with timed(times, "eval"):
-                    for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
-                        res = evaluate_coder(coder, cfg, ev, level, 1, max_tasks=cfg.eval_max_tasks)
-                        rec.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
+                    rec.update(held_out_eval(coder, cfg, ev))
             rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": time.perf_counter() - t0})
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -2653,10 +2653,12 @@ def _trainer_records(run_dir):
 
 def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
     """Two rounds of the whole loop on the CPU (proposer, validation, coder, harness, both updates, checkpoints,
-    held-out eval), then the same run killed after round 1 and resumed: it must continue exactly."""
-    straight = str(tmp_path / "straight")
-    state = kz.cli(["--preset", "tiny", "--device", "cpu", "--run-dir", straight])
-    rows = _trainer_records(straight)
+    held-out eval before the first round and every 2 rounds, 2 samples per task), then the same run killed after
+    round 1 and resumed: it must continue exactly."""
+    straight, first = str(tmp_path / "straight"), ["--eval-first", "--eval-samples", "2"]
+    state = kz.cli(["--preset", "tiny", "--device", "cpu", "--run-dir", straight] + first)
+    before, *rows = _trainer_records(straight)
+    assert before["round"] == -1 and before["eval/level1/pass@2"] == 0.0 and "coder/pass_rate" not in before
     assert [r["round"] for r in rows] == [0, 1] and state["round"] == 2
     for r in rows:  # a random model writes no code: every answer is a counted format failure, nothing crashes
         assert r["proposer/format_frac"] == 1.0 and r["proposer/reward_mean"] == -1.0
@@ -2670,15 +2672,15 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
         kz.cli(["--preset", "tiny", "--run-dir", straight])
 
     resumed = str(tmp_path / "resumed")
-    kz.cli(["--preset", "tiny", "--device", "cpu", "--run-dir", resumed, "--rounds", "1"])
+    kz.cli(["--preset", "tiny", "--device", "cpu", "--run-dir", resumed, "--rounds", "1"] + first)
     # simulate a kill -9 in the middle of round 1: a metrics line and a half-written checkpoint are left behind
     with open(os.path.join(resumed, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"round": 1, "partial": True}) + "\n")
     os.makedirs(os.path.join(resumed, "ckpt_00002.tmp"))
     ckpt = torch.load(os.path.join(resumed, "ckpt_00001", "state.pt"), weights_only=False)
-    state = kz.cli(["--resume", "--run-dir", resumed, "--rounds", "2"])
+    state = kz.cli(["--resume", "--run-dir", resumed, "--rounds", "2"] + first)   # (no second eval before round 0)
     assert state["round"] == 2 and len(state["pool"]) == len(ckpt["pool"]) == 4
-    assert _trainer_records(resumed) == rows  # same rewards, losses, errors, pool: the resume was exact
+    assert _trainer_records(resumed) == [before] + rows  # same rewards, losses, errors, pool: the resume was exact
     weights = [torch.load(os.path.join(d, "ckpt_00002", "coder.pt"))["model"] for d in (straight, resumed)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert not os.path.exists(os.path.join(resumed, "ckpt_00001"))  # older checkpoints are dropped
