@@ -543,6 +543,9 @@ def bench_throughput(cfg: Config, tag: str) -> None:
         got = [coarse(r.error_kind) for r in results]
         agree = sum(g == label for g, (_, _, label) in zip(got, pairs))
         kinds = [r.error_kind for r in results]
+        # seconds per stage inside the phases (ref_inputs_s, trials_s, coverage_s, timing_s, gpu_wait_s, ...)
+        stages = [{k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))}
+                  for r in results]
         # the sequential baseline: a subset, in this process, with torch's plain load_inline (fresh extension dir)
         n_base = min(cfg.baseline_cuda if backend == "cuda" else cfg.baseline_triton, len(pairs))
         os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="kzbench_torch_ext_")
@@ -563,14 +566,13 @@ def bench_throughput(cfg: Config, tag: str) -> None:
                             "compile_s": [r.compile_s for r in results],
                             "phase_s": [r.details.get("phase_s") for r in results],
                             "gpu_wait_s": [r.details.get("gpu_wait_s") for r in results],
-                            "stage_s": [{k: v for k, v in r.details.items() if k.endswith("_s")} for r in results]}
-        # where a verdict's time goes (summed over candidates; the GPU ones overlap up to gpu_workers at a time)
+                            "stage_s": stages}
+        # where a verdict's time goes (summed over candidates; the GPU ones overlap up to gpu_workers at a time):
+        # the phases, then the stages inside them and the wait for the GPU turn
         spent = collections.Counter()
-        for r in results:
+        for r, stage in zip(results, stages):
             spent.update(r.details.get("phase_s", {}))
-            spent["gpu_wait"] += r.details.get("gpu_wait_s", 0.0)
-            for stage in ("ref_inputs_s", "ref_outputs_s", "trials_s", "coverage_s", "timing_s"):   # inside phases
-                spent[stage.removesuffix("_s")] += r.details.get(stage, 0.0)
+            spent.update(stage)
         print(f"{backend}: seconds summed over candidates: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()))
         for i, ((_, _, label), r) in enumerate(zip(pairs, results)):   # (every 3rd CUDA candidate includes
             if coarse(r.error_kind) != label:                            # ATen/cuda/CUDAContext.h: cuSPARSE headers)

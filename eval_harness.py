@@ -933,6 +933,11 @@ def _job_compile(job: dict, conn: Connection) -> dict:
     return {"error_kind": "ok", "compiled": True, "compile_s": info["compile_s"], "details": details}
 
 
+def _since(clock: float) -> float:
+    """Seconds since `clock` (time.monotonic()), for the per-stage times in details (ref_inputs_s, timing_s, ...)."""
+    return round(time.monotonic() - clock, 3)
+
+
 def _job_evaluate(job: dict, conn: Connection) -> dict:
     device, opts, details = torch.device(job["device"]), job["opts"], {"checks_fired": []}
     send = conn.send
@@ -958,13 +963,13 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         del sys.modules["kz_reference"]   # the candidate cannot find it by name
         init_inputs = ref.get_init_inputs()
         draws = _trial_inputs(ref, opts, details)
-        details["ref_inputs_s"] = round(time.monotonic() - clock, 3)
+        details["ref_inputs_s"] = _since(clock)
         if not inputs_on_gpu:
             _gpu_turn(conn, turn)
         clock = time.monotonic()
         ref_model = build(ref.Model, init_inputs)
         trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details)
-        details["ref_outputs_s"] = round(time.monotonic() - clock, 3)
+        details["ref_outputs_s"] = _since(clock)
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
@@ -1018,7 +1023,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
                     return failed("mismatch", "two runs on the same inputs disagree: " + message, "nondeterministic")
                 del again
             del out, pristine
-        details["trials"], details["trials_s"] = len(trials), round(time.monotonic() - clock, 3)
+        details["trials"], details["trials_s"] = len(trials), _since(clock)
     except Exception as e:
         return failed(_classify(e), _format_exception(e))
     except SystemExit as e:
@@ -1035,7 +1040,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             coverage = _kernel_coverage(cand_model, trials[0]["inputs"], device, instr)
         except Exception as e:
             return failed(_classify(e), _format_exception(e))
-        details.update(coverage, coverage_s=round(time.monotonic() - clock, 3))
+        details.update(coverage, coverage_s=_since(clock))
         if not coverage["own_kernels"]:
             return failed("reward_hack", f"none of the candidate's kernels ran on the GPU (kernels seen: "
                           f"{', '.join(coverage['kernels'][:5]) or 'none'})", "kernel_not_launched")
@@ -1060,7 +1065,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")
         ref_ms, cand_ms = times["ref"], times["cand"]
-        details.update(timing_s=round(time.monotonic() - clock, 3), reps=len(cand_ms),
+        details.update(timing_s=_since(clock), reps=len(cand_ms),
                        mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
                        host_median_ms=_median(times["host"]))
         result.update(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
@@ -1356,7 +1361,7 @@ class Evaluator:
         as a timer does. Candidates go on building, booting and making host inputs meanwhile, but none runs on the
         GPU until the block ends: none is timed against the caller's kernels, and no candidate's memory bomb can take
         the caller (the trainer, generating its next batch) down. No-op on the CPU."""
-        if not self.reason:
+        if self.gpus:   # (gates exist once the pools are started)
             self._start()
         gates = list(self.gates.values())
         for gate in gates:

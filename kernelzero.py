@@ -1169,6 +1169,14 @@ def held_out_eval(coder, cfg, ev):
     return out
 
 
+def append_metrics(metrics_path, state, rec):
+    """One JSON line per record; state["metrics_lines"] counts them so that a resume drops lines written after the
+    checkpoint it restarts from."""
+    with open(metrics_path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    state["metrics_lines"] += 1
+
+
 def main(cfg):
     """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR."""
     from eval_harness import Evaluator
@@ -1201,11 +1209,10 @@ def main(cfg):
                      pool=seed_pool(cfg, harness_device))
     with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
-            t0 = time.perf_counter()
-            rec = {"round": -1, **held_out_eval(coder, cfg, ev), "time/eval": time.perf_counter() - t0}
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            state["metrics_lines"] += 1
+            times = {}
+            with timed(times, "eval"):
+                rec = {"round": -1, **held_out_eval(coder, cfg, ev)}
+            append_metrics(metrics_path, state, {**rec, "time/eval": times["eval"]})
             print("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
         while state["round"] < cfg.rounds:
             times, t0 = {}, time.perf_counter()
@@ -1221,12 +1228,10 @@ def main(cfg):
             rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": time.perf_counter() - t0})
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_metrics(metrics_path, state, rec)
             print(console_line(rec))
             print("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
             state["round"] += 1
-            state["metrics_lines"] += 1
             t1 = time.perf_counter()
             save_checkpoint(cfg.run_dir, coder, proposer, state)
             print(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s")
