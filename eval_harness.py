@@ -46,7 +46,8 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     the GPU (unless the reference mentions cuda): a timer waits for every holder, and this is CPU work. A GPU
     worker pays the profiler's and Triton's start-up (seconds) at boot, while idle. An out-of-memory verdict on a
     shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold the GPU alone meanwhile
-    (Evaluator.holding_gpus).
+    (Evaluator.holding_gpus). The gate holds across processes (a flock'd file per GPU under $KZ_CACHE_DIR): two
+    runs, an eval and a lint sharing one GPU never time while another uses the GPU.
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
@@ -67,6 +68,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import inspect
 import json
@@ -364,16 +366,22 @@ class _Pool:
 
 
 class _Gate:
-    """One GPU's timing gate. Any number of workers may check correctness on the GPU at once ("shared"), but a worker
+    """One GPU's timing gate. Any number of holders may check correctness on the GPU at once ("shared"), but a worker
     that times holds it alone ("exclusive"), so no other process's kernels run during its timing reps. A waiting
-    timer blocks new shared holders (writer preference): timing is never starved by a stream of new candidates."""
+    timer blocks new shared holders (writer preference): timing is never starved by a stream of new candidates.
 
-    def __init__(self):
+    With `lock_path` the gate also holds across processes (every Evaluator, lint and trainer on this machine that
+    uses the same GPU): flock(2) on the lock file, shared or exclusive, plus a turnstile file that a timer holds
+    while it waits, so that new shared holders of any process queue behind it. The kernel drops a dead process's
+    locks. acquire() returns what release() needs (the lock file's descriptor, None without a lock file)."""
+
+    def __init__(self, lock_path: str | None = None):
         self.cond = threading.Condition()
         self.shared, self.exclusive, self.waiting = 0, False, 0
+        self.lock_path = lock_path
 
-    def acquire(self, mode: str) -> None:
-        with self.cond:
+    def acquire(self, mode: str) -> int | None:
+        with self.cond:   # 1. this process's holders
             if mode == "shared":
                 self.cond.wait_for(lambda: not self.exclusive and not self.waiting)
                 self.shared += 1
@@ -382,8 +390,22 @@ class _Gate:
                 self.cond.wait_for(lambda: not self.exclusive and not self.shared)
                 self.waiting -= 1
                 self.exclusive = True
+        if not self.lock_path:
+            return None
+        # 2. other processes' holders. One descriptor per holder: flock locks belong to an open file, so two opens
+        # of one file conflict even within a process
+        turnstile = os.open(self.lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)   # a waiting timer of any process holds this: we queue behind it
+            fcntl.flock(fd, fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX)
+        finally:
+            os.close(turnstile)   # (closing unlocks)
+        return fd
 
-    def release(self, mode: str) -> None:
+    def release(self, mode: str, fd: int | None = None) -> None:
+        if fd is not None:
+            os.close(fd)   # drops the flock
         with self.cond:
             if mode == "shared":
                 self.shared -= 1
@@ -392,11 +414,29 @@ class _Gate:
             self.cond.notify_all()
 
 
+def _gpu_lock_path(gpu: int) -> str | None:
+    """The machine-wide lock file of GPU `gpu` (an index into this process's visible devices), named by the GPU's
+    UUID so that processes with different CUDA_VISIBLE_DEVICES agree; under $KZ_CACHE_DIR (default
+    ~/.cache/kernelzero), i.e. per user. None where no lock file can be made (then the gate is per process)."""
+    uuid = getattr(torch.cuda.get_device_properties(gpu), "uuid", None)
+    name = str(uuid) if uuid is not None else f"index{gpu}"
+    root = os.environ.get("KZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kernelzero")
+    path = os.path.join(root, "gpu-locks", f"gpu-{name}.lock")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"), open(path + ".turnstile", "a"):
+            pass
+    except OSError as e:
+        warnings.warn(f"no GPU lock file ({e}): timing is exclusive among this process's candidates only")
+        return None
+    return path
+
+
 def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None) -> dict:
     """Send one job and wait for its result; each phase the worker announces gets its own time limit. The worker asks
     for its GPU through `gate` (no gate: granted at once); time spent waiting there counts against no limit.
     Adds details["phase_s"] (seconds per phase, waits excluded) and details["gpu_wait_s"]."""
-    phase, held, waited = "startup", None, 0.0
+    phase, held, held_fd, waited = "startup", None, None, 0.0
     deadline = time.monotonic() + limits[phase]
     clock, phase_s = time.monotonic(), collections.Counter()
 
@@ -433,8 +473,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 start = time.monotonic()
                 if gate:
                     if held:
-                        gate.release(held)
-                    gate.acquire(message[1])
+                        gate.release(held, held_fd)
+                    held_fd = gate.acquire(message[1])
                 held = message[1]
                 wait = time.monotonic() - start
                 waited, deadline, clock = waited + wait, deadline + wait, clock + wait
@@ -444,7 +484,7 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 return finish(message[1])
     finally:
         if gate and held:
-            gate.release(held)
+            gate.release(held, held_fd)
         worker.kill()
 
 
@@ -1315,7 +1355,7 @@ class Evaluator:
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
             self.pools[gpu] = _Pool(env, self.gpu_workers + 1 if self.spare is None else self.spare)
-            self.gates[gpu] = _Gate()
+            self.gates[gpu] = _Gate(_gpu_lock_path(gpu))
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
         return _to_result(_run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
@@ -1363,14 +1403,14 @@ class Evaluator:
         the caller (the trainer, generating its next batch) down. No-op on the CPU."""
         if self.gpus:   # (gates exist once the pools are started)
             self._start()
-        gates = list(self.gates.values())
-        for gate in gates:
-            gate.acquire("exclusive")
+        # one order everywhere (by lock file, i.e. GPU UUID): two processes holding several GPUs cannot deadlock
+        gates = sorted(self.gates.values(), key=lambda gate: gate.lock_path or "")
+        held = [(gate, gate.acquire("exclusive")) for gate in gates]
         try:
             yield
         finally:
-            for gate in gates:
-                gate.release("exclusive")
+            for gate, fd in held:
+                gate.release("exclusive", fd)
 
     def map(self, pairs: list[tuple[str, str]]) -> list[KernelResult]:
         """Verdicts for (ref_src, cand_src) pairs, in order."""
@@ -1440,7 +1480,7 @@ def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None,
     limits = {"startup": 300.0, "reference": float(opts.get("timeout", 120.0))}
     env = _worker_env(device, "none", options, "run", gpu=0 if device == "cuda" else None)
     workers = max(1, workers or (4 if device == "cuda" else len(os.sched_getaffinity(0))))
-    pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate() if device == "cuda" else None
+    pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate(_gpu_lock_path(0)) if device == "cuda" else None
 
     def one(src: str) -> dict:
         try:

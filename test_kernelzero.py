@@ -730,6 +730,55 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
     assert events == ["timing", "late shared"], events
 
 
+def test_harness_gate_holds_across_processes(tmp_path):
+    """A gate with a lock file (every Evaluator on a GPU has one) holds across processes: a timer waits while another
+    process checks correctness, and a third process's new shared holder queues behind the waiting timer (writer
+    preference across processes, through the turnstile)."""
+    import queue
+    path = str(tmp_path / "gpu-test.lock")
+    holder = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {ROOT!r})
+        import eval_harness as eh
+        gate = eh._Gate({path!r})
+        fd = gate.acquire("shared")
+        print("held", flush=True)
+        sys.stdin.readline()
+        gate.release("shared", fd)
+    """)
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
+        return proc, lines
+    a, a_lines = start()
+    assert a_lines.get(timeout=120) == "held"   # process A checks correctness
+    gate, events, timer_fd = eh._Gate(path), [], []
+
+    def timer():
+        timer_fd.append(gate.acquire("exclusive"))
+        events.append("timing")
+    t = threading.Thread(target=timer)
+    t.start()
+    time.sleep(0.5)
+    assert events == [], "a timer started while another process held the GPU"
+    b, b_lines = start()   # process B asks for a shared turn while our timer waits
+    with pytest.raises(queue.Empty):
+        b_lines.get(timeout=3)   # (long enough for B to import and ask)
+    a.stdin.write("\n")   # A is done: the timer goes first, B still waits
+    a.stdin.flush()
+    t.join(10)
+    assert events == ["timing"]
+    with pytest.raises(queue.Empty):
+        b_lines.get(timeout=0.5)
+    gate.release("exclusive", timer_fd[0])
+    assert b_lines.get(timeout=10) == "held"
+    b.stdin.write("\n")
+    b.stdin.flush()
+    assert a.wait(10) == 0 and b.wait(10) == 0
+
+
 def test_harness_holding_gpus_keeps_candidates_off_the_gpu_until_the_block_ends():
     """Evaluator.holding_gpus: the caller's own GPU work (the trainer generating) holds the GPU alone, so no candidate
     is checked or timed meanwhile; it waits for a candidate already on the GPU; on the CPU it is a no-op."""
@@ -983,6 +1032,22 @@ return self.out''')
         assert result.error_kind == kind, (check, result)
         if check:
             assert result.details["check"] == check, result
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_gate_lock_file_names_the_gpu(tmp_path, monkeypatch):
+    """The machine-wide timing gate's lock file is named by the GPU's UUID (processes with different
+    CUDA_VISIBLE_DEVICES agree) and every Evaluator on that GPU uses it."""
+    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))
+    path = eh._gpu_lock_path(0)
+    assert path and os.path.exists(path) and os.path.exists(path + ".turnstile")
+    assert str(torch.cuda.get_device_properties(0).uuid) in path
+    ev = eh.Evaluator(backend="triton", device="cuda", progress=False)
+    ev.spare = 0
+    ev._start()
+    assert ev.gates[0].lock_path == path
+    ev.close()
 
 
 @pytest.mark.gpu
