@@ -85,17 +85,19 @@ class Config:
     # proposer phase
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
     #                                  validity only, every valid module joins the pool; probes still measure p)
-    api_sets_per_round: int = 8  # API sets sampled per round (weighted toward the Coder's frontier)
+    # Round sizes: small rounds, many of them. One default round verifies ~64 kernels (the harness is the loop's
+    # bottleneck: ~1-2 Triton verdicts/s on one H200), so a round takes ~1-2 minutes there (BENCHMARKS.md)
+    api_sets_per_round: int = 2  # API sets sampled per round (weighted toward the Coder's frontier)
     apis_per_set: int = 2  # APIs per set
     group_size_proposer: int = 4  # modules the Proposer writes per API set (its GRPO group)
-    k_probe: int = 8  # Coder attempts per valid module; their pass rate is the module's difficulty p
+    k_probe: int = 4  # Coder attempts per valid module; their pass rate is the module's difficulty p
     frontier_low: float = 0.125  # modules with frontier_low <= p <= frontier_high enter the Coder's pool
     frontier_high: float = 0.875
     api_ema: float = 0.3  # weight of the newest batch in the per-API running pass rate
     pool_size: int = 512  # the pool keeps the newest modules
     seed_pool: int = 32  # synthetic modules the pool starts with (kernelbench_tasks.synth, never held-out tasks)
     # coder phase
-    modules_per_round: int = 16  # pool modules the Coder trains on per round
+    modules_per_round: int = 4  # pool modules the Coder trains on per round
     group_size: int = 8  # kernels per module (the Coder's GRPO group)
     # CA-GRPO (this project's definition, see ca_grpo_rewards / ca_grpo_loss)
     coder_reward: str = "ca-grpo"  # "ca-grpo" or "correctness" (ablation: plain 0/1 GRPO, speed never rewarded)
@@ -127,6 +129,7 @@ class Config:
     sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
+    eval_spare: int = 0  # idle, started harness workers kept per GPU (0 = the harness default, gpu_workers + 1)
     # held-out eval (during training) and the eval subcommand
     eval_every: int = 5  # evaluate the Coder on held-out levels every this many rounds (0 = never)
     eval_levels: str = "1,2"  # held-out kernelbench_tasks levels used during training
@@ -1207,7 +1210,8 @@ def main(cfg):
         open(metrics_path, "w").close()
         state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
                      pool=seed_pool(cfg, harness_device))
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
+                   spare=cfg.eval_spare or None) as ev:
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
             times = {}
             with timed(times, "eval"):
@@ -1319,7 +1323,8 @@ def run_eval(cfg):
     print("config: " + json.dumps(dataclasses.asdict(cfg)))
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
+                   spare=cfg.eval_spare or None) as ev:
         res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks)
     if harness_device == "cpu":
         print("note: the CPU has no timing: fast_p and the speedup need one, so they are 0 / null here")
