@@ -97,7 +97,6 @@ class Config:
     baseline_triton: int = 8         # (c) Triton candidates also evaluated sequentially
     timing_budget_s: float = 0.5     # (c) the harness's timing budget per candidate (its default is 2.0)
     gpu_workers: int = 8             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
-    spare_workers: int = 0           # (c) idle, started workers kept per GPU (Evaluator's spare; 0: its default)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are "smollm2", "qwen1.5b-shape" (random Qwen2.5-Coder-1.5B shape) and, for the CPU
@@ -537,8 +536,8 @@ def bench_throughput(cfg: Config, tag: str) -> None:
     rows, summary = [], {}
     for backend, pairs in sets.items():
         t0 = time.perf_counter()
-        with eval_harness.Evaluator(backend=backend, timing_budget_s=cfg.timing_budget_s, gpu_workers=cfg.gpu_workers,
-                                    spare=cfg.spare_workers or None) as ev:
+        with eval_harness.Evaluator(backend=backend, timing_budget_s=cfg.timing_budget_s,
+                                    gpu_workers=cfg.gpu_workers) as ev:
             results = ev.map([(r, c) for r, c, _ in pairs])
         harness_s = time.perf_counter() - t0
         got = [coarse(r.error_kind) for r in results]

@@ -6,10 +6,8 @@ A task is a KernelBench problem file (`class Model`, `get_inputs()`, `get_init_i
 CUDA candidates on CPU workers in parallel, checking a few candidates at once on each GPU and timing one at a time.
 
 What the process isolation protects, and what it does not
-  Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
-  candidate and then killed with its whole group. Workers are forked from a zygote process that imported torch (and
-  triton) and nothing else: it never runs a candidate nor touches CUDA, so a worker starts in milliseconds, not the
-  seconds of a fresh interpreter, and still starts from a state no candidate has been in. This protects the *evaluation*: a hang becomes
+  Every candidate runs in its own freshly spawned Python process, in its own session (process group), used for
+  exactly one candidate and then killed with its whole group. This protects the *evaluation*: a hang becomes
   `timeout`, a segfault / abort / illegal memory access becomes `crash`, a poisoned CUDA context dies with its
   process, a memory bomb hits an address-space limit (CPU mode), and nothing one candidate leaves behind (patched
   functions, threads, cached tensors) reaches the next one or the caller. It is NOT a security sandbox: candidates
@@ -50,10 +48,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold the GPU alone meanwhile
     (Evaluator.holding_gpus). The gate holds across processes (a flock'd file per GPU under $KZ_CACHE_DIR): two
     runs, an eval and a lint sharing one GPU never time while another uses the GPU.
-  - Zygotes are started with subprocess.Popen, not multiprocessing: the environment (TRITON_INTERPRET,
-    CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported. A
-    forked worker calls setsid() before it reports ready, so the kill reaches its whole group; its zygote reaps it
-    and reports its exit code (a segfault reads SIGSEGV).
+  - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
+    process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
+    CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
   - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline: a build directory keyed by
     sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR (default ~/.cache/kernelzero), so cache hits across
     runs and no lock fights between different candidates; a precompiled header; torch's plain build as fallback.
@@ -76,7 +73,6 @@ import importlib.util
 import inspect
 import json
 import multiprocessing
-import multiprocessing.reduction
 import os
 import queue
 import random
@@ -312,76 +308,32 @@ def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Worker processes, parent side. Each pool starts one zygote with subprocess.Popen (not multiprocessing): its
-# environment (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__
-# (e.g. the trainer) is not re-imported. The zygote imports torch (and triton) once and never runs a candidate nor
-# touches CUDA; every worker is os.fork()ed from it, so a worker starts in milliseconds instead of re-importing torch
-# (~6 s of CPU on the H200 machine), and it is still a fresh process that no other candidate has been in.
+# Worker processes, parent side. Popen (not multiprocessing): start_new_session puts the worker in its own process
+# group before Python starts (no race with the kill), the environment (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES) is set
+# before anything is imported, and the caller's __main__ (e.g. the trainer) is not re-imported in every worker.
 
-_BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_harness._zygote_main(int(sys.argv[1]))"
-
-
-class _Zygote:
-    """A process that has imported the worker's modules, in one environment; fork() returns a new worker's pid and
-    its end of a pipe. Requests go over one socket (a lock serialises them; the worker's pipe end travels as a
-    file descriptor, SCM_RIGHTS). A zygote that died (e.g. killed for memory) is restarted by its _Pool."""
-
-    def __init__(self, env: dict):
-        self.conn, child = multiprocessing.Pipe()   # (a socketpair: it can carry file descriptors)
-        boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
-        self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], env=env,
-                                     pass_fds=[child.fileno()], start_new_session=True, stdin=subprocess.DEVNULL)
-        child.close()
-        self.lock = threading.Lock()
-
-    def _ask(self, *request, fd: int | None = None, timeout: float = 300.0):
-        with self.lock:
-            self.conn.send(request)
-            if fd is not None:
-                multiprocessing.reduction.send_handle(self.conn, fd, self.proc.pid)
-            if not self.conn.poll(timeout):   # (the first request waits for the zygote's imports)
-                raise RuntimeError(f"the worker zygote did not answer {request[0]!r} in {timeout:.0f} s")
-            return self.conn.recv()
-
-    def fork(self, workdir: str) -> tuple[int, Connection]:
-        ours, theirs = multiprocessing.Pipe()
-        try:
-            return self._ask("fork", workdir, fd=theirs.fileno()), ours
-        finally:
-            theirs.close()
-
-    def reap(self, pid: int, timeout: float) -> int | None:
-        """The worker's exit code (negative: killed by that signal) once it has ended, None if it is still running
-        after `timeout` s (the zygote reaps it later). Until this is asked, its pid cannot be reused."""
-        return self._ask("reap", pid, timeout)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.close()   # the zygote sees EOF and exits; its idle workers follow (_die_with_parent)
-        self.proc.kill()
-        self.proc.wait()
+_BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_harness._worker_main(int(sys.argv[1]))"
 
 
 class _Worker:
-    """One process forked from a zygote, in its own session; runs exactly one job, then it and its process group
-    are killed. Its directory holds the candidate's files, build outputs and the log (stdout and stderr)."""
+    """One spawned process in its own session; runs exactly one job, then it and its process group are killed."""
 
-    def __init__(self, zygote: _Zygote):
-        self.zygote, self.dir = zygote, tempfile.mkdtemp(prefix="kz_worker_")
-        self.pid, self.conn = zygote.fork(self.dir)
-
-    def exit_code(self, timeout: float = 5.0) -> int | None:
-        return self.zygote.reap(self.pid, timeout)
+    def __init__(self, env: dict):
+        self.dir = tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs, the log
+        self.conn, child = multiprocessing.Pipe()
+        boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
+        with open(os.path.join(self.dir, "worker.log"), "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], cwd=self.dir, env=env,
+                                         pass_fds=[child.fileno()], start_new_session=True,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        child.close()
 
     def kill(self) -> None:
-        for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):   # the group: the candidate's children too
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(target, signal.SIGKILL)
-        with contextlib.suppress(Exception):   # (a zygote that died has lost its children already)
-            self.exit_code(timeout=1.0)   # (a process stuck in the GPU driver: reaped later, do not hang)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)   # the group: the candidate's own children die too
+        self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):   # (a process stuck in the GPU driver: do not hang)
+            self.proc.wait(timeout=60)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -394,39 +346,23 @@ class _Worker:
 
 
 class _Pool:
-    """Keeps `spare` idle workers forked from one zygote and already past their own start-up (the CUDA context, the
-    profiler's first use, Triton's), so that start-up is hidden behind other candidates' work."""
+    """Keeps `spare` idle workers that already imported torch (and triton), so process start-up is hidden."""
 
     def __init__(self, env: dict, spare: int):
         self.env, self.spare, self.idle, self.lock = env, spare, [], threading.Lock()
-        self.zygote = None
-
-    def _fork(self) -> _Worker:
-        if self.zygote is None or not self.zygote.alive():
-            if self.zygote:
-                self.zygote.close()
-            self.zygote = _Zygote(self.env)
-        return _Worker(self.zygote)
 
     def take(self) -> _Worker:
         with self.lock:
-            if self.zygote and not self.zygote.alive():   # its idle workers die with it (_die_with_parent)
-                for worker in self.idle:
-                    worker.kill()
-                self.idle.clear()
-            worker = self.idle.pop(0) if self.idle else self._fork()
+            worker = self.idle.pop(0) if self.idle else None
             while len(self.idle) < self.spare:
-                self.idle.append(self._fork())
-        return worker
+                self.idle.append(_Worker(self.env))
+        return worker or _Worker(self.env)
 
     def close(self) -> None:
         with self.lock:
             for worker in self.idle:
                 worker.kill()
             self.idle.clear()
-            if self.zygote:
-                self.zygote.close()
-                self.zygote = None
 
 
 class _Gate:
@@ -522,7 +458,9 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 if message[0] == "ready":
                     worker.conn.send(job)
             except (EOFError, OSError):
-                rc = worker.exit_code()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.proc.wait(timeout=5)
+                rc = worker.proc.returncode
                 how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
                 return finish({"error_kind": "crash", "compiled": phase == "run",
                                "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
@@ -567,59 +505,6 @@ def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | Non
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Inside the worker: entry point, module loading, instrumentation (build patch, launch counter, op recorder, snapshot)
-
-def _zygote_main(fd: int) -> None:
-    """Import what every worker needs, then fork a worker per request. Never touches CUDA (a forked child could not
-    use it) and never runs candidate code. Requests: ("fork", workdir) + the worker's pipe end -> its pid;
-    ("reap", pid, timeout) -> its exit code or None. EOF on the request socket (the pool closed it) ends it."""
-    conn = Connection(fd)
-    if os.environ["KZ_BACKEND"] == "triton":
-        import triton  # noqa: F401
-    if os.environ["KZ_DEVICE"] == "cuda":
-        import torch.profiler  # noqa: F401  (Python side only; CUPTI itself starts in each worker)
-    # No thread here (fork copies only the calling thread): if the caller dies, the kernel closes its end of the
-    # request socket and recv() below ends the zygote; its idle workers follow (_die_with_parent)
-    exited, unreaped = {}, set()   # pid -> exit code; pids asked for that were still running
-
-    def reap(pid: int) -> bool:
-        with contextlib.suppress(ChildProcessError):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if not done:
-                return False
-            exited[pid] = os.waitstatus_to_exitcode(status)
-        return True
-
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            os._exit(0)
-        unreaped = {pid for pid in unreaped if not reap(pid)}
-        if request[0] == "fork":
-            child_fd = multiprocessing.reduction.recv_handle(conn)
-            pid = os.fork()
-            if pid == 0:   # the worker: its own session first, so that the pool's kill reaches its whole group
-                try:
-                    os.setsid()
-                    conn.close()   # (the candidate cannot reach the zygote)
-                    os.chdir(request[1])
-                    log = os.open("worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(log, 1)
-                    os.dup2(log, 2)
-                    os.close(log)
-                    _worker_main(child_fd)
-                finally:
-                    os._exit(1)
-            os.close(child_fd)
-            conn.send(pid)
-        elif request[0] == "reap":
-            pid, deadline = request[1], time.monotonic() + request[2]
-            while not reap(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if pid not in exited:
-                unreaped.add(pid)
-            conn.send(exited.pop(pid, None))
-
 
 def _worker_main(fd: int) -> None:
     conn = Connection(fd)
@@ -1428,7 +1313,7 @@ class Evaluator:
     and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
 
     def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=8,
-                 spare=None, **opts):
+                 **opts):
         unknown = set(opts) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
@@ -1445,7 +1330,7 @@ class Evaluator:
         if gpu_workers < 1:
             raise ValueError(f"gpu_workers must be >= 1, not {gpu_workers}")
         self.gpu_workers = gpu_workers
-        self.spare = spare   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
+        self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
         self.pools, self.gates, self.start_lock = None, {}, threading.Lock()
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
                        "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}

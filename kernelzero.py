@@ -85,8 +85,8 @@ class Config:
     # proposer phase
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
     #                                  validity only, every valid module joins the pool; probes still measure p)
-    # Round sizes: small rounds, many of them. One default round verifies ~64 kernels (the harness is the loop's
-    # bottleneck: ~1-2 Triton verdicts/s on one H200), so a round takes ~1-2 minutes there (BENCHMARKS.md)
+    # Round sizes: small rounds, many of them. A default round verifies ~64 kernels; the harness is the loop's
+    # bottleneck, and a round takes ~70 s alone on one H200 (BENCHMARKS.md, session 6)
     api_sets_per_round: int = 2  # API sets sampled per round (weighted toward the Coder's frontier)
     apis_per_set: int = 2  # APIs per set
     group_size_proposer: int = 4  # modules the Proposer writes per API set (its GRPO group)
@@ -129,7 +129,6 @@ class Config:
     sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
-    eval_spare: int = 0  # idle, started harness workers kept per GPU (0 = the harness default, gpu_workers + 1)
     # held-out eval (during training) and the eval subcommand
     eval_every: int = 5  # evaluate the Coder on held-out levels every this many rounds (0 = never)
     eval_levels: str = "1,2"  # held-out kernelbench_tasks levels used during training
@@ -1210,8 +1209,7 @@ def main(cfg):
         open(metrics_path, "w").close()
         state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
                      pool=seed_pool(cfg, harness_device))
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
-                   spare=cfg.eval_spare or None) as ev:
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
             times = {}
             with timed(times, "eval"):
@@ -1323,8 +1321,7 @@ def run_eval(cfg):
     print("config: " + json.dumps(dataclasses.asdict(cfg)))
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
-                   spare=cfg.eval_spare or None) as ev:
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
         res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks)
     if harness_device == "cpu":
         print("note: the CPU has no timing: fast_p and the speedup need one, so they are 0 / null here")

@@ -20,7 +20,6 @@ import functools
 import gzip
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -593,55 +592,22 @@ def test_harness_extract_code():
 # ----------------------------------------------------------------------------------------------------------------------
 # Isolation: batches, process accounting, robustness
 
-def _harness_processes() -> dict[int, int]:
-    """{pid: parent pid} of every live harness process (zygotes and the workers forked from them) on the machine."""
-    procs = {}
+def _harness_worker_children() -> list[int]:
+    """Live direct children of this process that are harness workers."""
+    pids = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if b"eval_harness._zygote_main" in cmd and state != "Z":
-            procs[int(pid)] = int(ppid)
-    return procs
-
-
-def _harness_worker_children() -> list[int]:
-    """Live harness processes started by this process: its zygotes and their workers."""
-    procs = _harness_processes()
-    zygotes = [pid for pid, ppid in procs.items() if ppid == os.getpid()]
-    return zygotes + [pid for pid, ppid in procs.items() if ppid in zygotes]
-
-
-def test_harness_workers_fork_from_one_zygote_and_are_reaped():
-    """A pool forks its workers from one zygote: each worker is its own session leader (the kill reaches its
-    group), its exit code comes back (a segfault reads -SIGSEGV), nothing is left as a zombie, and a zygote that
-    died is replaced."""
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=1)
-    try:
-        a, b = pool.take(), pool.take()
-        procs = _harness_processes()
-        assert procs[a.pid] == procs[b.pid] == pool.zygote.proc.pid   # (b was a's spare: forked before a ran)
-        assert a.conn.recv()[0] == b.conn.recv()[0] == "ready"   # (sent after the worker's setsid)
-        assert os.getsid(a.pid) == a.pid and os.getsid(b.pid) == b.pid
-        os.kill(a.pid, signal.SIGSEGV)
-        assert a.exit_code(timeout=30) == -signal.SIGSEGV
-        b.kill()
-        assert not os.path.exists(f"/proc/{b.pid}"), "a killed worker was left as a zombie"
-        first = pool.zygote.proc.pid
-        pool.zygote.proc.kill()
-        pool.zygote.proc.wait()
-        c = pool.take()
-        assert pool.zygote.proc.pid != first and _harness_processes()[c.pid] == pool.zygote.proc.pid
-        c.kill()
-    finally:
-        pool.close()
-    assert _harness_worker_children() == []
+        if ppid == os.getpid() and b"_worker_main" in cmd:
+            pids.append(int(pid))
+    return pids
 
 
 def _harness_rss_mb() -> float:
@@ -864,8 +830,8 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": GOOD_RELU, "backend": "triton", "device": "cpu",
                "opts": eh.DEFAULTS}
         limits = {"startup": 300.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
-        worker, box = pool.take(), {}
+        worker = eh._Worker(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        box = {}
         thread = threading.Thread(target=lambda: box.update(r=eh._run_job(worker, job, limits, gate)), daemon=True)
         thread.start()
         try:
@@ -875,7 +841,6 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
         finally:
             gate.release("exclusive")
         thread.join(120)
-        pool.close()
         assert box["r"]["error_kind"] == "ok", box["r"]
         assert box["r"]["details"]["gpu_wait_s"] > 0
         return made
