@@ -1335,8 +1335,9 @@ def run_eval(cfg):
     return res
 
 
-def plot_run(run_dir):
-    """Draw RUN_DIR/metrics.jsonl to RUN_DIR/metrics.png; returns the path (None without matplotlib)."""
+def plot_runs(run_dirs):
+    """Draw RUN_DIR/metrics.jsonl to RUN_DIR/metrics.png; several runs (a method and its ablations) go on the same
+    axes, one colour per run, to compare.png beside the first. Returns the path (None without matplotlib)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -1344,7 +1345,8 @@ def plot_run(run_dir):
     except ImportError:
         print("plotting needs matplotlib: pip install matplotlib")
         return None
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if line.strip()]
+    runs = {os.path.basename(os.path.normpath(d)): [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))
+                                                    if line.strip()] for d in run_dirs}
     panels = [("Coder pass rate", ["coder/pass_rate", "eval/level1/pass@1", "eval/level2/pass@1"]),
               ("Coder speedup (geomean, correct)", ["coder/speedup"]),
               ("Frontier difficulty p", ["proposer/p_mean"]),
@@ -1355,20 +1357,24 @@ def plot_run(run_dir):
               ("Zero-std groups", ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std"])]
     fig, axes = plt.subplots(2, 4, figsize=(18, 7))
     for ax, (title, keys) in zip(axes.flat, panels):
-        for key in keys:
-            pts = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, label=key)
-        if title.startswith("Frontier"):  # each probed module's pass rate: the distribution behind the mean
-            dots = [(r["round"], p) for r in rows for p in r.get("proposer/pass_rates") or []]
-            if dots:
-                ax.scatter(*zip(*dots), s=8, alpha=0.4, color="grey", label="proposer/pass_rates (modules)")
+        for i, (name, rows) in enumerate(runs.items()):
+            prefix = f"{name}: " if len(runs) > 1 else ""
+            for key, style in zip(keys, ("-", "--", ":")):   # colour = run, line style = metric
+                pts = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=prefix + key)
+            if title.startswith("Frontier"):  # each probed module's pass rate: the distribution behind the mean
+                dots = [(r["round"], p) for r in rows for p in r.get("proposer/pass_rates") or []]
+                if dots:
+                    ax.scatter(*zip(*dots), s=8, alpha=0.4, color="grey" if len(runs) == 1 else f"C{i}",
+                               label=prefix + "proposer/pass_rates (modules)")
         ax.set_title(title)
         ax.set_xlabel("round")
-        if ax.lines:
+        if ax.lines or ax.collections:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(run_dir, "metrics.png")
+    first = os.path.normpath(run_dirs[0])
+    path = os.path.join(first, "metrics.png") if len(runs) == 1 else os.path.join(os.path.dirname(first), "compare.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     print(f"wrote {path}")
@@ -1381,9 +1387,9 @@ def plot_run(run_dir):
 
 def cli(argv):
     if argv[:1] == ["plot"]:
-        if len(argv) != 2:
-            raise SystemExit("usage: python kernelzero.py plot RUN_DIR")
-        return plot_run(argv[1])
+        if len(argv) < 2:
+            raise SystemExit("usage: python kernelzero.py plot RUN_DIR [RUN_DIR ...]  (several: compared on one plot)")
+        return plot_runs(argv[1:])
     if argv[:1] == ["eval"]:
         return run_eval(parse_config(argv[1:]))
     return main(parse_config(argv))

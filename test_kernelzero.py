@@ -2663,6 +2663,23 @@ def test_trainer_plot_writes_png(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_trainer_plot_compares_runs(tmp_path):
+    """Several run dirs go on one figure (compare.png beside the first): one colour per run, its name in the label."""
+    for name, rate in (("main", 0.5), ("uniform", 0.2)):
+        (tmp_path / name).mkdir()
+        rows = [{"round": 0, "coder/pass_rate": rate / 2}, {"round": 1, "coder/pass_rate": rate}]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    import matplotlib.axes
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **kw: drawn.append((a, kw)) or real_plot(ax, *a, **kw))
+        path = kz.cli(["plot", str(tmp_path / "main"), str(tmp_path / "uniform")])
+    assert path == str(tmp_path / "compare.png") and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    lines = {kw["label"]: (a[1], kw["color"]) for a, kw in drawn}
+    assert lines == {"main: coder/pass_rate": ((0.25, 0.5), "C0"), "uniform: coder/pass_rate": ((0.1, 0.2), "C1")}
+
+
 # ---- harness results -> rewards (the success path the random tiny model never reaches)
 
 def test_trainer_malformed_completions_and_reward_plumbing():
