@@ -1162,12 +1162,17 @@ def console_line(rec):
             f" | {f('time/round', '.0f')}s gpu {f('gpu_peak_gb', '.1f')}GB")
 
 
-def held_out_eval(coder, cfg, ev):
-    """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder)."""
-    out = {}
+def held_out_eval(coder, cfg, ev, round_):
+    """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
+    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> correct count, first verdict,
+    first speedup), not to metrics.jsonl."""
+    out, tasks = {}, {}
     for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
         res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
         out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
+        tasks[f"level{level}"] = res["tasks"]
+    with open(os.path.join(cfg.run_dir, f"eval_round{round_}.json"), "w") as f:
+        json.dump({"round": round_, "samples": cfg.eval_samples, **tasks}, f, indent=1)
     return out
 
 
@@ -1213,7 +1218,7 @@ def main(cfg):
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
             times = {}
             with timed(times, "eval"):
-                rec = {"round": -1, **held_out_eval(coder, cfg, ev)}
+                rec = {"round": -1, **held_out_eval(coder, cfg, ev, -1)}
             append_metrics(metrics_path, state, {**rec, "time/eval": times["eval"]})
             print("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
         while state["round"] < cfg.rounds:
@@ -1226,7 +1231,7 @@ def main(cfg):
             rec["pool_size"] = len(state["pool"])
             if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
                 with timed(times, "eval"):
-                    rec.update(held_out_eval(coder, cfg, ev))
+                    rec.update(held_out_eval(coder, cfg, ev, state["round"]))
             rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": time.perf_counter() - t0})
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -2760,6 +2760,11 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
         assert "coder/loss" in r and "proposer/loss" in r and r["coder/kl"] == 0.0  # both updates ran
         assert r["coder/frac_reward_zero_std"] == 1.0 == r["proposer/frac_reward_zero_std"]
     assert "eval/level1/pass@1" in rows[1] and "eval/level1/pass@1" not in rows[0]  # eval_every 2
+    for r in (-1, 1):   # which tasks were solved, per eval: a random model's first answers are format failures
+        with open(os.path.join(straight, f"eval_round{r}.json")) as f:
+            solved = json.load(f)
+        assert solved["round"] == r and [t["first_kind"] for t in solved["level1"].values()] == ["format"]
+        assert [t["correct"] for t in solved["level1"].values()] == [0]
     assert open(os.path.join(straight, "latest")).read() == "ckpt_00002"
     assert os.path.exists(os.path.join(straight, "coder", "config.json"))
     with pytest.raises(SystemExit, match="--resume"):  # never overwrite a run by accident
