@@ -475,28 +475,42 @@ def update_api_stats(api_stats, apis, correct, ema):
         s["attempts"] += len(correct)
 
 
+LINT_REASONS = ("missing", "does not load", "inputs take", "does not run", "not deterministic", "eager time",
+                "output", "degenerate", "timeout", "crash", "runtime")  # the linter's problems, by their first words
+
+
 def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
-    """(valid, hash) per proposed module: code block present, every API used, not a held-out task (at any size), new
-    to the pool, and the harness's task linter passes (each module in its own child process, `workers` at a time).
-    """
+    """(valid, hash, why) per proposed module: code block present, every API used, not a held-out task (at any size),
+    new to the pool, and the harness's task linter passes (each module in its own child process, `workers` at a
+    time). `why` names the first failed rule (None when valid): "format", "apis", "held_out", "in_pool" or
+    "lint: <problem>" (LINT_REASONS), so that a run's log says why its Proposer's modules are rejected."""
     import eval_harness
     from kernelbench_tasks import catalog, held_out_hashes
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
-    hashes, todo = [], []
+    hashes, why, todo = [], [], []
     for code, apis in zip(codes, apis_per_code):
-        h = None
-        if (code is not None and not catalog.module_uses_apis(code, apis)
-                and catalog.normalized_source_hash(code, ignore_constants=True) not in held_out):
+        h, reason = None, None
+        if code is None:
+            reason = "format"
+        elif catalog.module_uses_apis(code, apis):
+            reason = "apis"
+        elif catalog.normalized_source_hash(code, ignore_constants=True) in held_out:
+            reason = "held_out"
+        else:
             h = catalog.normalized_source_hash(code)
+            reason = "in_pool" if h in pool_hashes else None
         hashes.append(h)
-        if h is not None and h not in pool_hashes:
+        why.append(reason)
+        if h is not None and reason is None:
             todo.append(code)
     todo = list(dict.fromkeys(todo))  # lint each distinct source once
     reports = eval_harness.lint_tasks(todo, device=device, workers=workers) if todo else []
-    lint = {src: bool(r.get("ok")) for src, r in zip(todo, reports)}  # a module that crashes the linter is invalid
-    valid = [c is not None and h is not None and h not in pool_hashes and lint.get(c, False)
-             for c, h in zip(codes, hashes)]
-    return valid, hashes
+    lint = {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
+    for src, r in zip(todo, reports):
+        first = (r.get("problems") or ["no report"])[0]
+        lint[src] = None if r.get("ok") else "lint: " + next((k for k in LINT_REASONS if first.startswith(k)), "other")
+    why = [lint[c] if w is None and h is not None else w for c, h, w in zip(codes, hashes, why)]
+    return [w is None for w in why], hashes, why
 
 
 def repetition_penalty(hashes, valid):
@@ -1012,7 +1026,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
     set_of = [apis for apis in api_sets for _ in range(G)]
     with timed(times, "validate"):
         pool_hashes = {m["hash"] for m in state["pool"]}
-        valid, hashes = validate_modules(codes, set_of, pool_hashes, harness_device, cfg.eval_workers or os.cpu_count())
+        valid, hashes, why = validate_modules(codes, set_of, pool_hashes, harness_device,
+                                              cfg.eval_workers or os.cpu_count())
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
     modules = {}
     for code, h, v, apis in zip(codes, hashes, valid, set_of):
@@ -1049,6 +1064,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
     ps = [m["p"] for m in modules.values()]
     return {"proposer/valid_frac": float(valid_t.float().mean()),
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
+            "proposer/invalid": dict(Counter(w for w in why if w is not None)),
             "proposer/unique_valid": len(modules), "proposer/added": len(added),
             "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/pass_rates": sorted(ps),
             "proposer/reward_mean": float(rewards.mean()),

@@ -2203,7 +2203,8 @@ def _phase_fakes(monkeypatch, results_fn):
     monkeypatch.setattr(kz, "run_kernels", run_kernels)
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
-                        lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))]))
+                        lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))],
+                                           [None] * len(codes)))
     seen["ev"] = types.SimpleNamespace(holding_gpus=contextlib.nullcontext)   # no GPU: turns are no-ops
     return seen
 
@@ -2723,9 +2724,15 @@ def test_trainer_validate_modules_with_the_harness():
     codes = [a["module"], None, b["module"], a["module"], renamed, "def broken(:\n"]
     sets = [apis_a, apis_a, apis_a + apis_b, apis_a, apis_a, apis_a]
     pool_hashes = {catalog.normalized_source_hash(b["module"])}
-    valid, hashes = kz.validate_modules(codes, sets, pool_hashes, "cpu", workers=1)
-    # ok | no code | misses an API (and is in the pool) | same module twice: both valid, penalised | broken source
-    assert valid == [True, False, False, True, True, False]
+    degenerate = a["module"].replace("def forward(self", "def forward(self, *args):\n        return args[0] * 0\n\n    def _f(self")
+    codes.append(degenerate)
+    sets.append(apis_a)
+    valid, hashes, why = kz.validate_modules(codes, sets, pool_hashes, "cpu", workers=1)
+    # ok | no code | misses an API (and is in the pool) | same module twice: both valid, penalised | broken source |
+    # returns zeros (the linter's degenerate-output rule)
+    assert valid == [True, False, False, True, True, False, False]
+    assert why == [None, "format", "apis", None, None, "apis", "lint: degenerate"]
+    codes, sets, valid, hashes = codes[:-1], sets[:-1], valid[:-1], hashes[:-1]
     assert hashes[0] == hashes[3] == hashes[4] and hashes[1] is None and hashes[5] is None
     _trainer_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
 
@@ -2736,8 +2743,8 @@ def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():
         relu = f.read()
     resized = re.sub(r"^(\w+) = \d+", r"\1 = 64", relu, flags=re.M)
     assert resized != relu
-    valid, hashes = kz.validate_modules([resized], [[]], set(), "cpu", workers=1)
-    assert valid == [False] and hashes == [None]
+    valid, hashes, why = kz.validate_modules([resized], [[]], set(), "cpu", workers=1)
+    assert valid == [False] and hashes == [None] and why == ["held_out"]
 
 def _trainer_records(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -2756,6 +2763,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
     assert [r["round"] for r in rows] == [0, 1] and state["round"] == 2
     for r in rows:  # a random model writes no code: every answer is a counted format failure, nothing crashes
         assert r["proposer/format_frac"] == 1.0 and r["proposer/reward_mean"] == -1.0
+        assert r["proposer/invalid"] == {"format": 4}   # why each module was rejected
         assert r["coder/errors"] == {"format": 4} and r["coder/pass_rate"] == 0.0
         assert "coder/loss" in r and "proposer/loss" in r and r["coder/kl"] == 0.0  # both updates ran
         assert r["coder/frac_reward_zero_std"] == 1.0 == r["proposer/frac_reward_zero_std"]
