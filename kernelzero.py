@@ -1180,8 +1180,8 @@ def console_line(rec):
 
 def held_out_eval(coder, cfg, ev, round_):
     """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
-    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> correct count, first verdict,
-    first speedup), not to metrics.jsonl."""
+    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> correct count, and the first
+    sample's verdict, speedup, error and answer), not to metrics.jsonl."""
     out, tasks = {}, {}
     for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
         res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
@@ -1319,7 +1319,7 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     tasks = load_tasks(level, kernelbench_dir, max_tasks)
     prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
     refs = [src for _, src in tasks for _ in range(samples)]
-    _, results = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}")
+    batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}")
     per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
     n_correct = [sum(r.correct for r in rs) for rs in per_task]
     first_correct = [rs[0].correct for rs in per_task]
@@ -1329,8 +1329,10 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     out.update({f"fast_{p:g}": fast_p(first_correct, first_speedup, p) for p in FAST_PS})
     out["geomean_speedup"] = geomean_speedup([r.correct for r in results], [r.speedup for r in results])
     out["errors"] = dict(Counter(r.error_kind for r in results))
-    out["tasks"] = {name: dict(correct=c, first_kind=rs[0].error_kind, speedup=rs[0].speedup)
-                    for (name, _), c, rs in zip(tasks, n_correct, per_task)}
+    # per task, with the first sample's answer and verdict (truncated): what the Coder actually writes
+    out["tasks"] = {name: dict(correct=c, first_kind=rs[0].error_kind, speedup=rs[0].speedup,
+                               first_error=rs[0].error[:500], first_answer=batch["completions"][i * samples][:3000])
+                    for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out
 
 

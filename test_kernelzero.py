@@ -2746,6 +2746,18 @@ def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():
     valid, hashes, why = kz.validate_modules([resized], [[]], set(), "cpu", workers=1)
     assert valid == [False] and hashes == [None] and why == ["held_out"]
 
+def test_trainer_eval_subcommand_writes_metrics_and_answers(tmp_path):
+    """`kernelzero.py eval`: pass@k and fast_p for one level, and per task the first sample's verdict and answer."""
+    res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--level", "1", "--samples", "2",
+                  "--eval-max-tasks", "2", "--run-dir", str(tmp_path)])
+    assert res["pass@1"] == 0.0 and res["errors"] == {"format": 4}   # a random model writes no code
+    with open(tmp_path / "eval_level1_triton.json") as f:
+        saved = json.load(f)
+    assert saved["config"]["samples"] == 2 and list(saved["tasks"]) == list(res["tasks"])
+    assert [t["first_kind"] for t in saved["tasks"].values()] == ["format", "format"]
+    assert all(isinstance(t["first_answer"], str) and "python block" in t["first_error"] for t in saved["tasks"].values())
+
+
 def _trainer_records(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
@@ -2773,6 +2785,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
             solved = json.load(f)
         assert solved["round"] == r and [t["first_kind"] for t in solved["level1"].values()] == ["format"]
         assert [t["correct"] for t in solved["level1"].values()] == [0]
+        assert all(isinstance(t["first_answer"], str) and t["first_error"] for t in solved["level1"].values())
     assert open(os.path.join(straight, "latest")).read() == "ckpt_00002"
     assert os.path.exists(os.path.join(straight, "coder", "config.json"))
     with pytest.raises(SystemExit, match="--resume"):  # never overwrite a run by accident
