@@ -18,6 +18,8 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    causal LM works through --coder-model / --proposer-model.
 6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
    the next call generates (CUDA builds, input generation); candidates use the GPU only while this process does not.
+7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
+   a round (~70 s on one H200 with SmolLM2), so frequent small updates beat rare large ones on one GPU.
 
 Run:
     python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
@@ -26,7 +28,7 @@ Run:
     python kernelzero.py --coder-reward correctness       # ablation: plain 0/1 GRPO for the Coder
     python kernelzero.py --proposer-mode uniform          # ablation: uniform API sets, Proposer rewarded for validity
     python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]
-    python kernelzero.py plot RUN_DIR
+    python kernelzero.py plot RUN_DIR [RUN_DIR ...]      # several: a method and its ablations on one figure
 """
 
 import argparse
