@@ -19,7 +19,7 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
 6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
    the next call generates (CUDA builds, input generation); candidates use the GPU only while this process does not.
 7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
-   a round (~70 s on one H200 with SmolLM2), so frequent small updates beat rare large ones on one GPU.
+   a round (~70 s on one H200 with SmolLM2), and small rounds let the default 20 fit about half an hour there.
 
 Run:
     python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
