@@ -698,6 +698,17 @@ def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc):
     return batch, results
 
 
+def harness_seconds(results):
+    """Per-candidate harness seconds summed over a batch, by phase (startup = waiting for a started worker,
+    reference, compile, run) plus gpu_wait (waiting for a GPU turn). Candidates overlap, so the sum exceeds the wall
+    time; it says what a batch's verification spends its worker slots on."""
+    total = Counter()
+    for r in results:
+        total.update(r.details.get("phase_s") or {})
+        total["gpu_wait"] += r.details.get("gpu_wait_s") or 0.0
+    return {k: round(v, 2) for k, v in total.items()} if any(total.values()) else {}
+
+
 def kernel_scores(results):
     """(correct (N,), speedup (N,)) tensors from KernelResults; a missing speedup (CPU: no timing) is NaN."""
     correct = torch.tensor([float(r.correct) for r in results])
@@ -1031,7 +1042,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
         valid, hashes, why = validate_modules(codes, set_of, pool_hashes, harness_device,
                                               cfg.eval_workers or os.cpu_count())
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
-    modules = {}
+    modules, results = {}, []
     for code, h, v, apis in zip(codes, hashes, valid, set_of):
         if v and h not in modules:
             modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=state["round"])
@@ -1069,6 +1080,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
             "proposer/invalid": dict(Counter(w for w in why if w is not None)),
             "proposer/unique_valid": len(modules), "proposer/added": len(added),
             "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/pass_rates": sorted(ps),
+            "proposer/probe_harness_s": harness_seconds(results),
             "proposer/reward_mean": float(rewards.mean()),
             "proposer/frac_reward_zero_std": 1 - float(spread.float().mean()),
             "proposer/tokens_per_s": batch["timing"]["tokens_per_s"],
@@ -1106,6 +1118,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
             "coder/reward_mean": float(rewards.mean()), "coder/gate_frac": float(gate.mean()),
             "coder/frac_reward_zero_std": 1 - float(spread.float().mean()),
             "coder/format_frac": errors["format"] / len(results), "coder/errors": dict(errors),
+            "coder/harness_s": harness_seconds(results),
             "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
             "coder/completion_tokens": float(batch["completion_mask"].sum(1).mean()),
             **{f"coder/{k}": v for k, v in stats.items()}}
@@ -1331,6 +1344,7 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     out.update({f"fast_{p:g}": fast_p(first_correct, first_speedup, p) for p in FAST_PS})
     out["geomean_speedup"] = geomean_speedup([r.correct for r in results], [r.speedup for r in results])
     out["errors"] = dict(Counter(r.error_kind for r in results))
+    out["harness_s"] = harness_seconds(results)
     # per task, with the first sample's answer and verdict (truncated): what the Coder actually writes
     out["tasks"] = {name: dict(correct=c, first_kind=rs[0].error_kind, speedup=rs[0].speedup,
                                first_error=rs[0].error[:500], first_answer=batch["completions"][i * samples][:3000])

@@ -2259,6 +2259,17 @@ def test_trainer_ablation_flags_are_checked():
             kz.parse_config(bad)
 
 
+def test_trainer_harness_seconds_sums_phases_and_waits():
+    from eval_harness import KernelResult
+    a = KernelResult(compiled=True, correct=True, error_kind="ok",
+                     details={"phase_s": {"startup": 1.0, "reference": 2.0, "run": 0.5}, "gpu_wait_s": 0.25})
+    b = KernelResult(compiled=True, correct=False, error_kind="mismatch",
+                     details={"phase_s": {"startup": 0.5, "reference": 1.5}, "gpu_wait_s": 1.0})
+    fmt = KernelResult(compiled=False, correct=False, error_kind="format")   # never reached the harness
+    assert kz.harness_seconds([a, b, fmt]) == {"startup": 1.5, "reference": 3.5, "run": 0.5, "gpu_wait": 1.25}
+    assert kz.harness_seconds([fmt]) == {}
+
+
 def test_trainer_pass_at_k():
     assert kz.pass_at_k(10, 0, 1) == 0.0 and kz.pass_at_k(10, 10, 5) == 1.0
     assert kz.pass_at_k(10, 3, 1) == pytest.approx(0.3)
