@@ -1439,6 +1439,29 @@ class Evaluator:
         bar.close()
         return results
 
+    def lint(self, srcs: list[str]) -> list[dict]:
+        """lint_tasks on this Evaluator's started workers and GPU gates: the trainer lints its Proposer's modules
+        every round, and a fresh pool would boot its processes (seconds each) every time. Lint runs on the device
+        the candidates run on (the CPU pool without a GPU)."""
+        if self.reason:   # (e.g. the CUDA backend without a GPU: lint itself needs no backend)
+            return lint_tasks(srcs, device="cpu", workers=self.cpu_workers)
+        self._start()
+        slots = self.gpus * self.gpu_workers or ["cpu"] * self.cpu_workers
+        free = queue.Queue()
+        for slot in slots:
+            free.put(slot)
+
+        def one(src: str) -> dict:
+            slot = free.get()
+            try:
+                job = {"kind": "lint", "src": src, "device": self.device, "opts": self.opts}
+                return _lint_report(lambda: _run_job(self.pools[slot].take(), job, self.limits, self.gates.get(slot)))
+            finally:
+                free.put(slot)
+
+        with concurrent.futures.ThreadPoolExecutor(len(slots)) as ex:
+            return list(ex.map(one, srcs))
+
     def close(self) -> None:
         for pool in (self.pools or {}).values():
             pool.close()
@@ -1468,6 +1491,19 @@ def evaluate(ref_src: str, cand_src: str | None, backend: str = "cuda", device: 
         evaluator.close()
 
 
+def _lint_report(run) -> dict:
+    """The report of one lint job, `run()` giving the worker's reply; a timeout, crash or harness error becomes a
+    failed report that says so (a harness bug must not lose the other reports, nor stop a training run)."""
+    try:
+        reply = run()
+    except Exception as e:
+        reply = {"error_kind": "runtime", "error": "harness error: " + _format_exception(e)}
+    if "ok" not in reply:
+        return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
+                "eager_ms": None, "input_mb": None, "details": reply.get("details", {})}
+    return reply
+
+
 def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None, **opts) -> list[dict]:
     """Task quality rules for each source: loads, runs, deterministic, inputs <= 512 MB, not degenerate (zeros,
     constant, identity, input mean must fail the tolerance), eager >= 50 us on a GPU / <= 5 s on the CPU. Each task
@@ -1483,15 +1519,8 @@ def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None,
     pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate(_gpu_lock_path(0)) if device == "cuda" else None
 
     def one(src: str) -> dict:
-        try:
-            reply = _run_job(pool.take(), {"kind": "lint", "src": src, "device": device, "opts": options}, limits,
-                             gate)
-        except Exception as e:   # a harness bug must not lose the other reports (nor stop a training run)
-            reply = {"error_kind": "runtime", "error": "harness error: " + _format_exception(e)}
-        if "ok" not in reply:   # timeout / crash / harness error
-            return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
-                    "eager_ms": None, "input_mb": None, "details": reply.get("details", {})}
-        return reply
+        return _lint_report(lambda: _run_job(pool.take(), {"kind": "lint", "src": src, "device": device,
+                                                           "opts": options}, limits, gate))
 
     try:
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:

@@ -481,12 +481,11 @@ LINT_REASONS = ("missing", "does not load", "inputs take", "does not run", "not 
                 "output", "degenerate", "timeout", "crash", "runtime")  # the linter's problems, by their first words
 
 
-def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
+def validate_modules(codes, apis_per_code, pool_hashes, ev):
     """(valid, hash, why) per proposed module: code block present, every API used, not a held-out task (at any size),
-    new to the pool, and the harness's task linter passes (each module in its own child process, `workers` at a
-    time). `why` names the first failed rule (None when valid): "format", "apis", "held_out", "in_pool" or
-    "lint: <problem>" (LINT_REASONS), so that a run's log says why its Proposer's modules are rejected."""
-    import eval_harness
+    new to the pool, and the harness's task linter passes (ev.lint: each module in its own worker process). `why`
+    names the first failed rule (None when valid): "format", "apis", "held_out", "in_pool" or "lint: <problem>"
+    (LINT_REASONS), so that a run's log says why its Proposer's modules are rejected."""
     from kernelbench_tasks import catalog, held_out_hashes
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
     hashes, why, todo = [], [], []
@@ -506,7 +505,7 @@ def validate_modules(codes, apis_per_code, pool_hashes, device, workers):
         if h is not None and reason is None:
             todo.append(code)
     todo = list(dict.fromkeys(todo))  # lint each distinct source once
-    reports = eval_harness.lint_tasks(todo, device=device, workers=workers) if todo else []
+    reports = ev.lint(todo) if todo else []
     lint = {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
     for src, r in zip(todo, reports):
         first = (r.get("problems") or ["no report"])[0]
@@ -1023,7 +1022,7 @@ def timed(times, key):
     times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
-def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, times):
+def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     """Propose modules, validate them, probe their difficulty with the Coder, reward and update the Proposer."""
     from eval_harness import extract_code
     from kernelbench_tasks import catalog
@@ -1039,8 +1038,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, time
     set_of = [apis for apis in api_sets for _ in range(G)]
     with timed(times, "validate"):
         pool_hashes = {m["hash"] for m in state["pool"]}
-        valid, hashes, why = validate_modules(codes, set_of, pool_hashes, harness_device,
-                                              cfg.eval_workers or os.cpu_count())
+        valid, hashes, why = validate_modules(codes, set_of, pool_hashes, ev)
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
     modules, results = {}, []
     for code, h, v, apis in zip(codes, hashes, valid, set_of):
@@ -1257,7 +1255,7 @@ def main(cfg):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             rec = {"round": state["round"]}
-            rec.update(proposer_phase(proposer, coder, ev, state, cfg, device, harness_device, times))
+            rec.update(proposer_phase(proposer, coder, ev, state, cfg, device, times))
             rec.update(coder_phase(coder, proposer, ev, state, cfg, device, times))
             rec["pool_size"] = len(state["pool"])
             if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:

@@ -697,6 +697,17 @@ def test_harness_lint_good_and_degenerate_tasks():
     assert has("missing", "missing Model")
 
 
+def test_harness_evaluator_lint_reuses_its_workers(monkeypatch):
+    """Evaluator.lint gives lint_tasks' reports on the Evaluator's own started workers: no new pool is booted."""
+    srcs = [RELU_TASK, RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), "x = 1\n"]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        pools = []
+        monkeypatch.setattr(eh, "_Pool", lambda *a, **k: pools.append(a) or pytest.fail("a new pool was started"))
+        reports = ev.lint(srcs)
+    assert [r["ok"] for r in reports] == [True, False, False] and pools == []
+    assert any("identity" in p for p in reports[1]["problems"]) and "missing Model" in reports[2]["problems"][0]
+
+
 def test_harness_gate_timing_is_exclusive_and_not_starved():
     """_Gate: shared holders overlap; an exclusive holder runs alone; a waiting timer blocks new shared holders."""
     gate, events = eh._Gate(), []
@@ -2243,7 +2254,7 @@ def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
     monkeypatch.setattr(kz, "api_weights", lambda stats: {e["name"]: (1e9 if e["name"] == hot else 1.0)
                                                           for e in catalog.CATALOG})
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
-    stats = kz.proposer_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), "cpu", {})
+    stats = kz.proposer_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
     adv = seen["adv"][0]
     if mode == "uniform":
         assert drawn == [{}] and len(state["pool"]) == 2 and torch.equal(adv, torch.zeros(2))
@@ -2738,7 +2749,8 @@ def test_trainer_validate_modules_with_the_harness():
     degenerate = a["module"].replace("def forward(self", "def forward(self, *args):\n        return args[0] * 0\n\n    def _f(self")
     codes.append(degenerate)
     sets.append(apis_a)
-    valid, hashes, why = kz.validate_modules(codes, sets, pool_hashes, "cpu", workers=1)
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=1, progress=False) as ev:
+        valid, hashes, why = kz.validate_modules(codes, sets, pool_hashes, ev)
     # ok | no code | misses an API (and is in the pool) | same module twice: both valid, penalised | broken source |
     # returns zeros (the linter's degenerate-output rule)
     assert valid == [True, False, False, True, True, False, False]
@@ -2754,7 +2766,8 @@ def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():
         relu = f.read()
     resized = re.sub(r"^(\w+) = \d+", r"\1 = 64", relu, flags=re.M)
     assert resized != relu
-    valid, hashes, why = kz.validate_modules([resized], [[]], set(), "cpu", workers=1)
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=1, progress=False) as ev:
+        valid, hashes, why = kz.validate_modules([resized], [[]], set(), ev)
     assert valid == [False] and hashes == [None] and why == ["held_out"]
 
 def test_trainer_eval_subcommand_writes_metrics_and_answers(tmp_path):
