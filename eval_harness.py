@@ -1446,21 +1446,14 @@ class Evaluator:
         if self.reason:   # (e.g. the CUDA backend without a GPU: lint itself needs no backend)
             return lint_tasks(srcs, device="cpu", workers=self.cpu_workers)
         self._start()
-        slots = self.gpus * self.gpu_workers or ["cpu"] * self.cpu_workers
-        free = queue.Queue()
-        for slot in slots:
-            free.put(slot)
+        pools = self.gpus or ["cpu"]   # sources spread over the GPUs in turn; the gates keep the eager timing alone
 
-        def one(src: str) -> dict:
-            slot = free.get()
-            try:
-                job = {"kind": "lint", "src": src, "device": self.device, "opts": self.opts}
-                return _lint_report(lambda: _run_job(self.pools[slot].take(), job, self.limits, self.gates.get(slot)))
-            finally:
-                free.put(slot)
+        def one(i: int) -> dict:
+            pool, job = pools[i % len(pools)], {"kind": "lint", "src": srcs[i], "device": self.device, "opts": self.opts}
+            return _lint_report(lambda: _run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
 
-        with concurrent.futures.ThreadPoolExecutor(len(slots)) as ex:
-            return list(ex.map(one, srcs))
+        with concurrent.futures.ThreadPoolExecutor(self.gpu_workers * len(self.gpus) or self.cpu_workers) as ex:
+            return list(ex.map(one, range(len(srcs))))
 
     def close(self) -> None:
         for pool in (self.pools or {}).values():
@@ -1489,6 +1482,15 @@ def evaluate(ref_src: str, cand_src: str | None, backend: str = "cuda", device: 
         return evaluator.map([(ref_src, cand_src)])[0]
     finally:
         evaluator.close()
+
+
+LINT_RULES = ("missing", "does not load", "inputs take", "does not run", "not deterministic", "eager time", "output",
+              "degenerate", "timeout", "crash", "runtime")   # the first words of every problem a lint report names
+
+
+def lint_rule(problem: str) -> str:
+    """Which rule a lint report's problem (one of its "problems" strings) is about: LINT_RULES, else "other"."""
+    return next((rule for rule in LINT_RULES if problem.startswith(rule)), "other")
 
 
 def _lint_report(run) -> dict:

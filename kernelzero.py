@@ -477,15 +477,12 @@ def update_api_stats(api_stats, apis, correct, ema):
         s["attempts"] += len(correct)
 
 
-LINT_REASONS = ("missing", "does not load", "inputs take", "does not run", "not deterministic", "eager time",
-                "output", "degenerate", "timeout", "crash", "runtime")  # the linter's problems, by their first words
-
-
 def validate_modules(codes, apis_per_code, pool_hashes, ev):
     """(valid, hash, why) per proposed module: code block present, every API used, not a held-out task (at any size),
     new to the pool, and the harness's task linter passes (ev.lint: each module in its own worker process). `why`
-    names the first failed rule (None when valid): "format", "apis", "held_out", "in_pool" or "lint: <problem>"
-    (LINT_REASONS), so that a run's log says why its Proposer's modules are rejected."""
+    names the first failed rule (None when valid): "format", "apis", "held_out", "in_pool" or "lint: <rule>"
+    (eval_harness.LINT_RULES), so that a run's log says why its Proposer's modules are rejected."""
+    from eval_harness import lint_rule
     from kernelbench_tasks import catalog, held_out_hashes
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
     hashes, why, todo = [], [], []
@@ -508,9 +505,8 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
     reports = ev.lint(todo) if todo else []
     lint = {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
     for src, r in zip(todo, reports):
-        first = (r.get("problems") or ["no report"])[0]
-        lint[src] = None if r.get("ok") else "lint: " + next((k for k in LINT_REASONS if first.startswith(k)), "other")
-    why = [lint[c] if w is None and h is not None else w for c, h, w in zip(codes, hashes, why)]
+        lint[src] = None if r.get("ok") else "lint: " + lint_rule((r.get("problems") or ["no report"])[0])
+    why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
     return [w is None for w in why], hashes, why
 
 
