@@ -36,11 +36,13 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
       `rollout_batches`. The first call of a shape compiles: its extra time is reported separately, and the "phase"
       speedup counts it once over `phase_prompts` prompts. Baseline: plain generate on the same bf16 sampler (stock
       sdpa, dynamic cache, nothing compiled, same sampling settings), warmed up, timed over `baseline_new_tokens`
-      steps and extrapolated (the table says so). Then greedy token ids of both paths, before and after one policy_update.
-      `rollout_attention` sets the sampler's attention for the timed rollouts: sdpa_gqa (kernelzero's GQA-aware
-      function, the trainer's default) and/or sdpa (transformers' stock: with a mask it copies K/V G times per layer
-      and step). With both, each batch is timed with each (a switch recompiles: in compile s) and an "attention"
-      record gives stock ms/step / sdpa_gqa ms/step. Each new batch size or attention is another compile of the same
+      steps and extrapolated (the table says so). Then greedy token ids of both paths (the rollout path with the first
+      `rollout_attention`), before and after one policy_update.
+      `rollout_attention` sets the sampler's attention for the timed rollouts, any of kernelzero.ATTENTIONS: sdpa_gqa
+      (kernelzero's GQA-aware function, the trainer's default), flex_decode (sdpa_gqa, with flex_attention's decoding
+      kernel in the compiled decode step) and sdpa (transformers' stock: with a mask it copies K/V G times per layer
+      and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is among them, an
+      "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another compile of the same
       code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
       when comparing, e.g. `python bench.py rollout --rollout-models smollm2 --rollout-batches 64
       --rollout-attention sdpa_gqa,sdpa`. `--rollout-profile` (GPU): after each timed rollout, `profile_steps`
@@ -105,12 +107,13 @@ class Config:
     rollout_batches: str = "1,64,256"  # rollout: prompts per generate call (one call per rollout)
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
-    rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated:
-    #                                  sdpa_gqa (kernelzero.sdpa_gqa_attention, the trainer's default) and/or sdpa
-    #                                  (transformers' stock); with both, an "attention" record holds the ratio
+    rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated
+    #                                  kernelzero.ATTENTIONS (sdpa_gqa, flex_decode, sdpa = transformers' stock); with
+    #                                  sdpa among them, an "attention" record per other one holds the ratio
     baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
-    greedy_batch: int = 4            # rollout: prompts of the greedy identity check (0: no check)
+    greedy_batch: int = 4            # rollout: prompts of the greedy identity check (0: no check), which runs the
+    #                                  first of rollout_attention
     greedy_new_tokens: int = 32      # rollout: tokens of the greedy identity check
     greedy_update_lr: float = 1e-3   # rollout: AdamW lr of the update between the two checks (must change the output)
     rollout_profile: bool = False    # rollout: profile a few compiled decode steps and print the top CUDA kernels and
@@ -832,8 +835,9 @@ def bench_rollout(cfg: Config) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batches = [int(b) for b in cfg.rollout_batches.split(",")]
     attentions = cfg.rollout_attention.split(",")
-    if not set(attentions) <= {"sdpa_gqa", "sdpa"}:
-        raise SystemExit(f"--rollout-attention: sdpa_gqa and/or sdpa, not {cfg.rollout_attention!r}")
+    if not set(attentions) <= set(kz.ATTENTIONS):
+        raise SystemExit(f"--rollout-attention: a comma-separated subset of {sorted(kz.ATTENTIONS)}, "
+                         f"not {cfg.rollout_attention!r}")
     T, rows, greedy_rows, attention_rows = cfg.rollout_new_tokens, [], [], []
     tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
     if cfg.rollout_profile and device.type != "cuda":
@@ -848,11 +852,11 @@ def bench_rollout(cfg: Config) -> None:
         prompts = [kz.coder_prompt(tasks[i % len(tasks)][1], kcfg.backend, kcfg.one_shot)
                    for i in range(max(batches + [cfg.greedy_batch]))]
         for B in batches:
-            kz.set_attention(policy.sampler, gqa=False)   # the baseline is plain transformers: stock "sdpa"
+            kz.set_attention(policy.sampler, "sdpa")   # the baseline is plain transformers: stock "sdpa"
             plain = time_plain(policy, prompts[:B], kcfg, cfg.baseline_new_tokens, device)
             ms = {}
             for attention in attentions:   # switching the attention recompiles: the first call's compile_s has it
-                kz.set_attention(policy.sampler, gqa=attention == "sdpa_gqa")
+                kz.set_attention(policy.sampler, attention)
                 rcfg = dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B)
                 ours = time_rollout(policy, prompts[:B], rcfg, cfg.rollout_reps, device)
                 rows.append(record_rollout(cfg, name, B, T, plain, ours, attention))
@@ -868,11 +872,12 @@ def bench_rollout(cfg: Config) -> None:
                           f"prefill included)",
                           ["kernel", "ms/step", "share", "calls/step"],
                           [[k["name"][:100], k["ms_per_step"], k["share"], k["calls_per_step"]] for k in prof["top"]])
-            if len(ms) == 2:   # stock / ours: > 1 means sdpa_gqa decodes faster
-                record(cfg, "attention", dict(model=name, batch=B, new_tokens=T, sdpa_ms_per_step=ms["sdpa"],
-                                              sdpa_gqa_ms_per_step=ms["sdpa_gqa"], ratio=ms["sdpa"] / ms["sdpa_gqa"]))
-                attention_rows.append([name, B, ms["sdpa"], ms["sdpa_gqa"], ms["sdpa"] / ms["sdpa_gqa"]])
-        kz.set_attention(policy.sampler, gqa=kcfg.gqa_attention)   # the greedy check runs the trainer's setting
+            for attention in [a for a in ms if a != "sdpa" and "sdpa" in ms]:   # stock / ours: > 1, ours is faster
+                record(cfg, "attention", dict(model=name, batch=B, new_tokens=T, attention=attention,
+                                              sdpa_ms_per_step=ms["sdpa"], ms_per_step=ms[attention],
+                                              ratio=ms["sdpa"] / ms[attention]))
+                attention_rows.append([name, B, attention, ms["sdpa"], ms[attention], ms["sdpa"] / ms[attention]])
+        kz.set_attention(policy.sampler, attentions[0])   # the greedy check runs the first attention timed
         if cfg.greedy_batch:
             greedy = greedy_check(policy, prompts[:cfg.greedy_batch], kcfg, cfg, device)
             record(cfg, "greedy", dict(model=name, batch=cfg.greedy_batch, new_tokens=cfg.greedy_new_tokens, **greedy))
@@ -886,9 +891,9 @@ def bench_rollout(cfg: Config) -> None:
           ["model", "batch", "attention", "prompt", "plain decode ms", "plain ms/step", "plain tok/s", "ours ms/step",
            "ours tok/s", "speedup", "compile s", "phase x", "score s", "peak GB"], rows)
     if attention_rows:
-        table("the rollout's attention: transformers' sdpa (repeat_kv copies K/V) against kernelzero's sdpa_gqa, "
-              "generate ms per step; ratio > 1: sdpa_gqa is faster",
-              ["model", "batch", "sdpa ms/step", "sdpa_gqa ms/step", "ratio"], attention_rows)
+        table("the rollout's attention: transformers' sdpa (repeat_kv copies K/V) against kernelzero's, "
+              "generate ms per step; ratio > 1: kernelzero's is faster",
+              ["model", "batch", "attention", "sdpa ms/step", "its ms/step", "ratio"], attention_rows)
     table(f"greedy identity, rollout path vs plain generate ({cfg.greedy_batch} prompts x {cfg.greedy_new_tokens} "
           f"tokens), before and after one policy_update (lr {cfg.greedy_update_lr})",
           ["model", "equal before", "equal after", "agree before", "agree after", "update changed output",

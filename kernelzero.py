@@ -79,8 +79,10 @@ class Config:
     prompt_bucket: int = 256  # pad prompt lengths to a multiple of this so compiled shapes repeat
     gen_batch_size: int = 64  # prompts per generate call
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
-    gqa_attention: bool = True  # the sampler attends with sdpa_gqa_attention (no per-step K/V copies on GQA models;
-    #                             on the CPU the sampler is the trained model itself); False: transformers' "sdpa"
+    attention: str = "sdpa_gqa"  # the sampler's attention (ATTENTIONS): "sdpa_gqa" (no per-step K/V copies on GQA
+    #                              models), "flex_decode" (sdpa_gqa, and compiled decode steps use flex_attention's
+    #                              split-KV decoding kernel) or "sdpa" (transformers' stock); on the CPU the sampler is
+    #                              the trained model itself
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
@@ -187,7 +189,10 @@ def parse_config(argv):
               "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
         values.update(CPU_FALLBACK)
     values.update(given)
-    for name, choices in (("proposer_mode", ("frontier", "uniform")), ("coder_reward", ("ca-grpo", "correctness"))):
+    if "gqa_attention" in values:  # a run config saved before `attention` replaced this switch
+        values["attention"] = "sdpa_gqa" if values.pop("gqa_attention") else "sdpa"
+    for name, choices in (("proposer_mode", ("frontier", "uniform")), ("coder_reward", ("ca-grpo", "correctness")),
+                          ("attention", tuple(ATTENTIONS))):
         if values.get(name, getattr(Config, name)) not in choices:
             raise SystemExit(f"--{name.replace('_', '-')} must be one of {choices}")
     return Config(**values)
@@ -303,8 +308,8 @@ def wrap_policy(model, tok, cfg, lr, device):
     if device.type == "cuda":
         import copy
         sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
-    if cfg.gqa_attention:
-        set_attention(sampler, gqa=True)
+    if cfg.attention != "sdpa":
+        set_attention(sampler, cfg.attention)
     ref = None
     if cfg.kl_coef > 0:
         import copy
@@ -375,13 +380,43 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
     return out.reshape(B, H, q, D).transpose(1, 2).contiguous(), None
 
 
-def set_attention(model, gqa=True):
-    """Switch a transformers model between "sdpa_gqa" (sdpa_gqa_attention) and transformers' stock "sdpa"."""
+# Decoding with a static cache is one query per sequence against every cache slot (prompt bucket + max_new_tokens).
+# Profiled on the H200 (BENCHMARKS.md, session 5), torch picks cuDNN's prefill-shaped flash kernel for that: 64-query
+# tiles of which 1 row is used, one thread block per (sequence, K/V head) streaming the whole cache: 74% of a SmolLM2
+# decode step, at a sixth of the card's bandwidth. flex_attention (torch.nn.attention.flex_attention) compiles a
+# decoding kernel instead when the query is short: it splits the cache over many blocks and packs the G query heads
+# of a K/V head into one tile (PyTorch blog "FlexAttention Part II", 2024). It only pays inside torch.compile (eager
+# flex_attention materialises the scores), so it serves the compiled decode step and nothing else.
+
+def flex_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                          **kwargs):
+    """sdpa_gqa_attention, except a compiled one-query step with a boolean (B, 1, 1, L) mask: flex_attention."""
+    from torch.nn.attention.flex_attention import flex_attention
+    if not (torch.compiler.is_compiling() and query.shape[2] == 1 and dropout == 0.0 and attention_mask is not None
+            and attention_mask.dtype == torch.bool and attention_mask.shape[1:3] == (1, 1)
+            and kwargs.get("position_bias") is None):
+        return sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+    keep = attention_mask[:, 0, 0]  # (B, L): left padding and the cache's unfilled slots are False
+
+    def mask_scores(score, b, h, q_idx, kv_idx):  # flex calls this per score: masked slots get -inf, as in SDPA
+        return torch.where(keep[b, kv_idx], score, -float("inf"))
+    out = flex_attention(query, key, value, score_mod=mask_scores, scale=scaling,
+                         enable_gqa=query.shape[1] != key.shape[1])  # (B, H, 1, D); GQA without copies
+    return out.transpose(1, 2).contiguous(), None
+
+
+ATTENTIONS = {"sdpa": None, "sdpa_gqa": sdpa_gqa_attention, "flex_decode": flex_decode_attention}  # None: stock
+
+
+def set_attention(model, name):
+    """Switch a transformers model's attention to one of ATTENTIONS ("sdpa" is transformers' stock one)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register("sdpa_gqa", sdpa_gqa_attention)  # (registering again replaces the same entry)
-    AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)  # the masks the stock "sdpa" gets (None when causal)
-    model.set_attn_implementation("sdpa_gqa" if gqa else "sdpa")
+    if ATTENTIONS[name] is not None:
+        AttentionInterface.register(name, ATTENTIONS[name])  # (registering again replaces the same entry)
+        AttentionMaskInterface.register(name, sdpa_mask)  # the masks the stock "sdpa" gets (None when causal)
+    model.set_attn_implementation(name)
 
 
 # -----------------------------------------------------------------------------
@@ -575,10 +610,45 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     return torch.cat(out, 1)
 
 
-def token_logprobs(logits, targets, temperature):
-    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature."""
-    logits = logits.float() if temperature in (0, 1) else logits.float() / temperature  # (one fp32 copy fewer at 1)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+def token_logprobs(logits, targets, temperature, piece=2**26):
+    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature (0 counts as 1).
+
+    The plain expression, x = logits.float() / temperature; x.gather(-1, ids) - x.logsumexp(-1), makes autograd keep
+    the fp32 copy and build more (B, T, V) fp32 tensors in backward (softmax, the gather's scatter, their sum): at
+    Qwen2.5's V = 151,936, B = 8, T = 768 that is 3.7 GB each. TokenLogprobs computes the same numbers keeping only
+    the logits as they came (bf16 under autocast) and the (B, T) log-sum-exp, in fp32 pieces of <= `piece` elements.
+    """
+    return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
+
+
+class TokenLogprobs(torch.autograd.Function):
+    """log_softmax(logits / t).gather(ids) with a hand-written backward, one position slice at a time:
+    d logp(y) / d logits = (onehot(y) - softmax(logits / t)) / t, the softmax recomputed from the saved log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, t, piece):
+        B, T, V = logits.shape
+        lse = torch.empty(B, T, dtype=torch.float32, device=logits.device)  # (B, T)
+        picked = torch.empty_like(lse)  # (B, T): logit of the sampled id / t
+        step = max(1, piece // (B * V))  # positions per fp32 piece
+        for s in range(0, T, step):
+            x = logits[:, s:s + step].float() / t  # (B, step, V) fp32, freed after this iteration
+            lse[:, s:s + step] = torch.logsumexp(x, -1)
+            picked[:, s:s + step] = x.gather(-1, targets[:, s:s + step, None]).squeeze(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.t, ctx.step = t, step
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad):  # grad (B, T): d loss / d logp
+        logits, targets, lse = ctx.saved_tensors
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V), the logits' dtype
+        for s in range(0, logits.shape[1], ctx.step):
+            g = grad[:, s:s + ctx.step, None].float()  # (B, step, 1)
+            d = torch.exp(logits[:, s:s + ctx.step].float() / ctx.t - lse[:, s:s + ctx.step, None]).mul_(-g)
+            d.scatter_add_(-1, targets[:, s:s + ctx.step, None], g)  # + g at the sampled id: (onehot - softmax) * g
+            out[:, s:s + ctx.step] = d.div_(ctx.t)
+        return out, None, None, None
 
 
 def stop_ids(tok):

@@ -2333,6 +2333,39 @@ def test_trainer_missing_model_is_a_clear_error(monkeypatch):
         kz.load_model("/nonexistent/model/dir")
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("piece", [2**26, 35])   # one piece; several (35 elements: one position of B = 3 at a time)
+def test_trainer_token_logprobs_equal_log_softmax_values_and_gradients(temperature, piece):
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 11, dtype=torch.float64, requires_grad=True)
+    ids, w = torch.randint(0, 11, (3, 6)), torch.randn(3, 6, dtype=torch.float64)
+    ours = kz.token_logprobs(x, ids, temperature, piece)
+    ref = torch.log_softmax(x / (temperature or 1.0), -1).gather(-1, ids[..., None]).squeeze(-1)
+    assert ours.dtype == torch.float32 and ours.shape == (3, 6)
+    assert torch.allclose(ours.double(), ref, atol=1e-6)
+    (g_ours,), (g_ref,) = (torch.autograd.grad((y * w).sum(), x) for y in (ours, ref))
+    assert g_ours.dtype == x.dtype and torch.allclose(g_ours, g_ref, atol=1e-6), (g_ours - g_ref).abs().max()
+
+
+def test_trainer_token_logprobs_keep_no_fp32_vocabulary_tensor_for_backward():
+    """The point of TokenLogprobs: autograd keeps the bf16 logits and (B, T) numbers, no (B, T, V) fp32 copy; the
+    plain expression keeps one (so this check is not vacuous). The gradient comes back in bf16."""
+    x = torch.randn(2, 4, 50).bfloat16().requires_grad_()
+    ids = torch.randint(0, 50, (2, 4))
+
+    def saved_by(fn):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = fn()
+        return out, {(t.dtype, t.shape[-1]) for t in saved if t.dim() == 3}
+    out, saved = saved_by(lambda: kz.token_logprobs(x, ids, 1.0))
+    assert saved == {(torch.bfloat16, 50)}
+    _, plain = saved_by(lambda: torch.log_softmax(x.float(), -1).gather(-1, ids[..., None]))
+    assert (torch.float32, 50) in plain
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert g.dtype == torch.bfloat16 and g.shape == x.shape
+
+
 def test_trainer_logprobs_ignore_left_padding():
     model, tok = kz.load_model("tiny", seed=0)
     seq = tok("hello kernel", return_tensors="pt")
@@ -2464,7 +2497,7 @@ def _trainer_sdpa_spy(monkeypatch, wrong_heads=False):
     return shapes
 
 
-def _trainer_logits_stock_and_gqa(model, tok):
+def _trainer_logits_stock_and_gqa(model, tok, ours="sdpa_gqa"):
     """Logits of a left-padded batch under "sdpa" and "sdpa_gqa": a full forward, then 4 decode steps one token at a
     time with a DynamicCache, then generate with a static cache (the trainer's GPU decode path, here uncompiled)."""
     from transformers import DynamicCache
@@ -2472,7 +2505,7 @@ def _trainer_logits_stock_and_gqa(model, tok):
     assert (enc.attention_mask[:, 0] == 0).any()
     res = {}
     for gqa in (False, True):
-        kz.set_attention(model, gqa=gqa)
+        kz.set_attention(model, ours if gqa else "sdpa")
         with torch.no_grad():
             full = model(**enc).logits
             cache, ids, mask, steps = DynamicCache(config=model.config), enc.input_ids, enc.attention_mask, []
@@ -2484,7 +2517,7 @@ def _trainer_logits_stock_and_gqa(model, tok):
             gen = model.generate(**enc, max_new_tokens=4, do_sample=False, cache_implementation="static",
                                  output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
         res[gqa] = (full[enc.attention_mask.bool()], torch.stack(steps), torch.stack(gen.logits))
-    kz.set_attention(model, gqa=False)
+    kz.set_attention(model, "sdpa")
     return res, enc.input_ids.shape[1]
 
 
@@ -2508,6 +2541,32 @@ def test_trainer_gqa_attention_test_catches_a_wrong_head_mapping(monkeypatch):
         assert not torch.allclose(stock, ours, atol=1e-5, rtol=1e-5)
 
 
+def test_trainer_flex_decode_attention_matches_stock_sdpa(monkeypatch):
+    """"flex_decode": inside a compiled decode step (is_compiling patched True: flex_attention then runs eagerly, its
+    unfused reference path) one-query steps go through flex_attention with the padding mask as a score_mod; the
+    logits of prefill, cached decode steps and static-cache generate equal stock sdpa's."""
+    import torch.nn.attention.flex_attention as fa
+    model, tok = _trainer_gqa_model()
+    stock, _ = _trainer_logits_stock_and_gqa(model, tok)
+    calls, flex = [], fa.flex_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((tuple(q.shape), tuple(k.shape), kw["enable_gqa"]))
+        return flex(q, k, v, **kw)
+    monkeypatch.setattr(fa, "flex_attention", spy)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    kz.set_attention(model, "flex_decode")
+    res, _ = _trainer_logits_stock_and_gqa(model, tok, ours="flex_decode")
+    for a, b in zip(stock[False], res[True]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
+    # decode steps only (one query row), 6 query heads against 2 K/V heads, uncopied
+    assert calls and all(q[2] == 1 and q[1] == 6 and k[1] == 2 and gqa for q, k, gqa in calls), calls
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)   # eager: no flex_attention at all
+    calls.clear()
+    _trainer_logits_stock_and_gqa(model, tok, ours="flex_decode")
+    assert calls == []
+
+
 def _trainer_gqa_policy(**kw):
     cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, temperature=0.0, **kw)
     return kz.wrap_policy(*_trainer_gqa_model(), cfg, cfg.lr, torch.device("cpu")), cfg
@@ -2517,7 +2576,7 @@ def test_trainer_greedy_rollout_same_with_gqa_attention_on_and_off():
     prompts = ["ab", "a longer prompt here", "x", "def f(x):"]
     out = {}
     for gqa in (True, False):
-        pol, cfg = _trainer_gqa_policy(gqa_attention=gqa, gen_batch_size=4)
+        pol, cfg = _trainer_gqa_policy(attention="sdpa_gqa" if gqa else "sdpa", gen_batch_size=4)
         assert pol.sampler.config._attn_implementation == ("sdpa_gqa" if gqa else "sdpa")
         out[gqa] = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
     assert out[True]["completion_mask"].sum() >= 8   # real completions, not all an immediate EOS
@@ -2666,6 +2725,18 @@ def test_trainer_config_argparse_round_trip():
     if not torch.cuda.is_available():  # the default preset falls back to Triton on the CPU, flags still win
         cfg = kz.parse_config(["--group-size", "3"])
         assert cfg.backend == "triton" and cfg.device == "cpu" and cfg.group_size == 3
+    with pytest.raises(SystemExit, match="attention"):
+        kz.parse_config(["--preset", "tiny", "--attention", "flash"])
+
+
+def test_trainer_resume_reads_a_config_saved_before_attention(tmp_path):
+    """Run configs saved before `attention` replaced the `gqa_attention` switch still resume, with the same meaning."""
+    for old, new in ((False, "sdpa"), (True, "sdpa_gqa")):
+        saved = {**dataclasses.asdict(kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path)])),
+                 "gqa_attention": old}
+        del saved["attention"]
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+        assert kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path), "--resume"]).attention == new
 
 
 def test_trainer_plot_writes_png(tmp_path):
@@ -2962,7 +3033,8 @@ def test_bench_rollout_cpu_random_qwen_shape_attention_on_and_off(tmp_path):
         assert r["model"] == "qwen-tiny-shape" and r["ours"]["new_tokens"] == 12
     assert ratio["section"] == "attention" and ratio["batch"] == 2
     ms = {r["attention"]: r["ours_ms_per_step"] for r in rollouts}
-    assert ratio["sdpa_gqa_ms_per_step"] == pytest.approx(ms["sdpa_gqa"]) and ratio["sdpa_ms_per_step"] == pytest.approx(ms["sdpa"])
+    assert ratio["attention"] == "sdpa_gqa"
+    assert ratio["ms_per_step"] == pytest.approx(ms["sdpa_gqa"]) and ratio["sdpa_ms_per_step"] == pytest.approx(ms["sdpa"])
     assert ratio["ratio"] == pytest.approx(ms["sdpa"] / ms["sdpa_gqa"])
     with pytest.raises(SystemExit, match="rollout-attention"):
         _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-attention", "flash")
