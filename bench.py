@@ -4,6 +4,7 @@ OUT/bench.jsonl (BENCHMARKS.md quotes them).
   python bench.py harness --out runs/bench     # GPU machine: CUDA build latency, harness throughput, timing stability
   python bench.py rollout --out runs/bench     # GPU machine: the trainer's rollouts against plain model.generate
   python bench.py train --out runs/bench       # GPU machine: the CA-GRPO update step, FLOP/s and peak memory
+  python bench.py attention --out runs/bench   # GPU machine: one decode step's attention, per implementation
 
 `harness` needs a GPU, nvcc and ninja. On one H200 (16 cores) the whole run takes ~15 minutes; in pieces of < 10:
   python bench.py harness --sections cold,warm                                    # ~4 min
@@ -39,8 +40,8 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
       steps and extrapolated (the table says so). Then greedy token ids of both paths (the rollout path with the first
       `rollout_attention`), before and after one policy_update.
       `rollout_attention` sets the sampler's attention for the timed rollouts, any of kernelzero.ATTENTIONS: sdpa_gqa
-      (kernelzero's GQA-aware function, the trainer's default), flex_decode (sdpa_gqa, with flex_attention's decoding
-      kernel in the compiled decode step) and sdpa (transformers' stock: with a mask it copies K/V G times per layer
+      (kernelzero's GQA-aware function, the trainer's default), matmul_decode (sdpa_gqa, with two matmuls around a
+      masked softmax in the compiled decode step) and sdpa (transformers' stock: with a mask it copies K/V G times per layer
       and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is among them, an
       "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another compile of the same
       code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
@@ -52,6 +53,14 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
       and `train_logprob_chunk` setting (kernelzero's logprob_chunk: lm_head and log-softmax over that many completion
       tokens at a time, recomputed in backward): median step time, tokens/s, 6 x params x tokens / step against a
       bf16 torch.matmul timed in the same process, peak memory allocated.
+  attention: the attention of one decode step alone (every layer, one query per sequence over a static cache of
+      `attention_cache` slots of which `attention_filled` hold tokens, random left padding), per implementation in
+      `attention_variants`: sdpa_gqa (kernelzero.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
+      function under torch.compile, as in the compiled decode step: matmul_decode is kernelzero's
+      matmul_decode_attention, flex a flex_attention with the mask as a score_mod). Relative error against float64
+      on the CPU; on a GPU the layers are captured in one CUDA graph and replayed (like the decode step's
+      reduce-overhead graphs), median of `attention_reps` event-timed replays, against the floor of reading K and V
+      once at the copy bandwidth measured in the same call.
 How these depart from plain generate and training: EOS is masked until the last token in both paths (min_new_tokens),
 so every call decodes the same number of steps; the greedy check runs rollout at temperature 0. Random weights have
 near-tied logits, so one bf16 rounding difference can flip a greedy token: exact greedy identity is meaningful for
@@ -108,7 +117,7 @@ class Config:
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
     rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated
-    #                                  kernelzero.ATTENTIONS (sdpa_gqa, flex_decode, sdpa = transformers' stock); with
+    #                                  kernelzero.ATTENTIONS (sdpa_gqa, matmul_decode, sdpa = transformers' stock); with
     #                                  sdpa among them, an "attention" record per other one holds the ratio
     baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
@@ -129,6 +138,13 @@ class Config:
     #                                  comma-separated; each runs with each grad_ckpt setting
     train_steps: int = 3             # train: timed updates after one warm-up update; median
     matmul_size: int = 8192          # train: side of the bf16 torch.matmul that measures the matrix rate (GPU)
+    attention_models: str = "smollm2,qwen1.5b-shape"  # attention: decode-step shapes (ATTENTION_SHAPES)
+    attention_batches: str = "64,256"  # attention: sequences per decode step, comma-separated
+    attention_cache: int = 2048      # attention: static cache slots (the rollout bench: prompt bucket 1536 + 512)
+    attention_filled: int = 1792     # attention: slots holding tokens (the rest masked, as mid-way through decoding)
+    attention_variants: str = "sdpa_gqa,sdpa_gqa_compiled,matmul_decode_compiled,flex_compiled"  # attention: what
+    #                                  is timed, comma-separated (see the docstring)
+    attention_reps: int = 30         # attention: timed replays (GPU) or calls (CPU); median
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -988,9 +1004,107 @@ def bench_train(cfg: Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# attention: one decode step's attention alone, per implementation
+
+ATTENTION_SHAPES = {  # query heads, K/V heads, head dim, layers
+    "smollm2": (9, 3, 64, 30), "qwen1.5b-shape": (12, 2, 128, 28), "qwen-tiny-shape": (4, 2, 16, 2)}
+
+
+def decode_attentions() -> dict:
+    """name -> f(q (B, H, 1, D), k and v (B, Hkv, L, D), mask (B, 1, 1, L) bool) -> (B, 1, H, D)."""
+    import kernelzero as kz
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def sdpa_gqa(q, k, v, mask):
+        return kz.sdpa_gqa_attention(None, q, k, v, mask)[0]
+
+    def matmul_decode(q, k, v, mask):   # (eager it falls back to sdpa_gqa: only its compiled form is timed)
+        return kz.matmul_decode_attention(None, q, k, v, mask)[0]
+
+    def flex(q, k, v, mask):
+        keep = mask[:, 0, 0]
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: torch.where(keep[b, j], s, -float("inf")),
+                              enable_gqa=True).transpose(1, 2)
+    return {"sdpa_gqa": sdpa_gqa, "sdpa_gqa_compiled": torch.compile(sdpa_gqa, dynamic=False),
+            "matmul_decode_compiled": torch.compile(matmul_decode, dynamic=False),
+            "flex_compiled": torch.compile(flex, dynamic=False)}
+
+
+def copy_tb_s(device) -> float | None:
+    """Device memory bandwidth in TB/s (bytes read + written) of a 1 GiB bf16 copy, median of 10 (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    return 2 * x.numel() * 2 / statistics.median(event_ms(lambda: y.copy_(x)) for _ in range(10)) / 1e9
+
+
+def event_ms(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def bench_attention(cfg: Config) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gpu, dtype = device.type == "cuda", torch.bfloat16 if device.type == "cuda" else torch.float32
+    variants, bandwidth = decode_attentions(), copy_tb_s(device)
+    unknown = set(cfg.attention_variants.split(",")) - set(variants)
+    if unknown:
+        raise SystemExit(f"--attention-variants: {sorted(unknown)} unknown; choose from {sorted(variants)}")
+    rows, L, filled = [], cfg.attention_cache, cfg.attention_filled
+    for name in cfg.attention_models.split(","):
+        H, Hkv, D, layers = ATTENTION_SHAPES[name]
+        for B in [int(b) for b in cfg.attention_batches.split(",")]:
+            gen = torch.Generator().manual_seed(cfg.seed)
+            start = torch.randint(0, filled // 2, (B,), generator=gen)   # left padding
+            slots = torch.arange(L)
+            mask = ((slots >= start[:, None]) & (slots < filled))[:, None, None, :].to(device)   # (B, 1, 1, L)
+            qkv = [[torch.randn(B, h, n, D, generator=gen).to(device, dtype) for h, n in ((H, 1), (Hkv, L), (Hkv, L))]
+                   for _ in range(layers)]   # a fresh K/V per layer, as in a real step (no cache reuse)
+            q64, k64, v64 = (t.double().cpu() for t in qkv[0])   # float64 reference for layer 0
+            scores = (q64 @ k64.repeat_interleave(H // Hkv, 1).transpose(-1, -2)) / math.sqrt(D)
+            ref = scores.masked_fill(~mask.cpu(), float("-inf")).softmax(-1) @ v64.repeat_interleave(H // Hkv, 1)
+            ref = ref.transpose(1, 2)   # (B, 1, H, D)
+            floor_ms = layers * 2 * B * Hkv * L * D * 2 / (bandwidth * 1e9) if bandwidth else None   # bf16 K and V
+            for variant in cfg.attention_variants.split(","):
+                f = variants[variant]
+                err = float((f(*qkv[0], mask).double().cpu() - ref).norm() / ref.norm())
+
+                def step():
+                    return [f(q, k, v, mask) for q, k, v in qkv]
+                for _ in range(3):   # compiles (once per variant and shape), then warm
+                    step()
+                if gpu:
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        step()
+                    times = [event_ms(graph.replay) for _ in range(cfg.attention_reps)]
+                    del graph
+                else:
+                    times = [clocked(device, step)[1] * 1e3 for _ in range(cfg.attention_reps)]
+                ms = statistics.median(times)
+                record(cfg, "attention_step", dict(model=name, batch=B, cache=L, filled=filled, layers=layers,
+                                                   variant=variant, ms_per_step=ms, min_ms=min(times),
+                                                   max_ms=max(times), floor_ms=floor_ms, copy_tb_s=bandwidth,
+                                                   rel_err=err))
+                rows.append([name, B, variant, ms, floor_ms or "-", err])
+                print(f"{name} batch {B} {variant}: {ms:.3f} ms per step", flush=True)
+            del qkv
+            free_memory(device)
+    table(f"one decode step's attention on {device.type} ({L} cache slots, {filled} filled; all layers; "
+          f"floor = reading K and V once at {bandwidth and f'{bandwidth:.2f}'} TB/s)",
+          ["model", "batch", "variant", "ms/step", "floor ms", "rel err vs fp64"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # main
 
-COMMANDS = {"harness": bench_harness, "rollout": bench_rollout, "train": bench_train}
+COMMANDS = {"harness": bench_harness, "rollout": bench_rollout, "train": bench_train, "attention": bench_attention}
 
 
 def parse_args(argv=None) -> Config:

@@ -80,9 +80,9 @@ class Config:
     gen_batch_size: int = 64  # prompts per generate call
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
     attention: str = "sdpa_gqa"  # the sampler's attention (ATTENTIONS): "sdpa_gqa" (no per-step K/V copies on GQA
-    #                              models), "flex_decode" (sdpa_gqa, and compiled decode steps use flex_attention's
-    #                              split-KV decoding kernel) or "sdpa" (transformers' stock); on the CPU the sampler is
-    #                              the trained model itself
+    #                              models), "matmul_decode" (sdpa_gqa, but compiled decode steps use two matmuls:
+    #                              faster in isolation, not yet timed end to end) or "sdpa" (transformers' stock); on
+    #                              the CPU the sampler is the trained model itself
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
@@ -381,32 +381,31 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 
 # Decoding with a static cache is one query per sequence against every cache slot (prompt bucket + max_new_tokens).
-# Profiled on the H200 (BENCHMARKS.md, session 5), torch picks cuDNN's prefill-shaped flash kernel for that: 64-query
-# tiles of which 1 row is used, one thread block per (sequence, K/V head) streaming the whole cache: 74% of a SmolLM2
-# decode step, at a sixth of the card's bandwidth. flex_attention (torch.nn.attention.flex_attention) compiles a
-# decoding kernel instead when the query is short: it splits the cache over many blocks and packs the G query heads
-# of a K/V head into one tile (PyTorch blog "FlexAttention Part II", 2024). It only pays inside torch.compile (eager
-# flex_attention materialises the scores), so it serves the compiled decode step and nothing else.
+# Profiled on the H200 (BENCHMARKS.md, sessions 5 and 7), torch's SDPA picks cuDNN's prefill-shaped flash kernel for
+# that, 64-query tiles serving G rows: 74% of a SmolLM2 decode step (48% for the 1.5B shape). Written as two matmuls
+# around a masked softmax, the same step lets torch.compile fuse the mask, scale and softmax and hand the products to
+# cuBLAS: `bench.py attention` measured the 30 layers of a SmolLM2 step at batch 64 at 1.18 ms against SDPA's
+# 2.16 ms (bandwidth floor 0.75 ms; 1.30 against 1.70 ms for the 1.5B shape). flex_attention was tried too and was
+# 100x slower there (a score_mod mask). Only inside torch.compile: eager, the unfused version loses to SDPA.
 
-def flex_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                          **kwargs):
-    """sdpa_gqa_attention, except a compiled one-query step with a boolean (B, 1, 1, L) mask: flex_attention."""
-    from torch.nn.attention.flex_attention import flex_attention
+def matmul_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                            **kwargs):
+    """sdpa_gqa_attention, except a compiled one-query step with a boolean (B, 1, 1, L) mask: softmax(q k^T) v."""
     if not (torch.compiler.is_compiling() and query.shape[2] == 1 and dropout == 0.0 and attention_mask is not None
             and attention_mask.dtype == torch.bool and attention_mask.shape[1:3] == (1, 1)
-            and kwargs.get("position_bias") is None):
+            and query.shape[1] % key.shape[1] == 0 and kwargs.get("position_bias") is None):
         return sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
-    keep = attention_mask[:, 0, 0]  # (B, L): left padding and the cache's unfilled slots are False
+    B, H, _, D = query.shape
+    G = H // key.shape[1]
+    q = query.reshape(B, H // G, G, D)  # (B, Hkv, G, D): the G query heads of K/V head j, as in sdpa_gqa_attention
+    scores = (q @ key.transpose(-1, -2)).float() * (scaling if scaling is not None else D ** -0.5)  # (B, Hkv, G, L)
+    scores = scores.masked_fill(~attention_mask, float("-inf"))  # (B, 1, 1, L) broadcasts over heads and rows
+    out = scores.softmax(-1).to(value.dtype) @ value  # (B, Hkv, G, D): bf16 probabilities, as flash kernels use
+    return out.reshape(B, 1, H, D), None  # (B, q=1, H, D); head j*G + g is row g of K/V head j
 
-    def mask_scores(score, b, h, q_idx, kv_idx):  # flex calls this per score: masked slots get -inf, as in SDPA
-        return torch.where(keep[b, kv_idx], score, -float("inf"))
-    out = flex_attention(query, key, value, score_mod=mask_scores, scale=scaling,
-                         enable_gqa=query.shape[1] != key.shape[1])  # (B, H, 1, D); GQA without copies
-    return out.transpose(1, 2).contiguous(), None
 
-
-ATTENTIONS = {"sdpa": None, "sdpa_gqa": sdpa_gqa_attention, "flex_decode": flex_decode_attention}  # None: stock
+ATTENTIONS = {"sdpa": None, "sdpa_gqa": sdpa_gqa_attention, "matmul_decode": matmul_decode_attention}  # None: stock
 
 
 def set_attention(model, name):

@@ -2541,29 +2541,27 @@ def test_trainer_gqa_attention_test_catches_a_wrong_head_mapping(monkeypatch):
         assert not torch.allclose(stock, ours, atol=1e-5, rtol=1e-5)
 
 
-def test_trainer_flex_decode_attention_matches_stock_sdpa(monkeypatch):
-    """"flex_decode": inside a compiled decode step (is_compiling patched True: flex_attention then runs eagerly, its
-    unfused reference path) one-query steps go through flex_attention with the padding mask as a score_mod; the
-    logits of prefill, cached decode steps and static-cache generate equal stock sdpa's."""
-    import torch.nn.attention.flex_attention as fa
+def test_trainer_matmul_decode_attention_matches_stock_sdpa(monkeypatch):
+    """"matmul_decode": inside a compiled decode step (is_compiling patched True; here it runs eagerly) one-query
+    steps attend through two matmuls around a masked softmax; the logits of prefill, cached decode steps and
+    static-cache generate equal stock sdpa's, and outside compilation the path is not taken."""
     model, tok = _trainer_gqa_model()
     stock, _ = _trainer_logits_stock_and_gqa(model, tok)
-    calls, flex = [], fa.flex_attention
+    calls, softmax = [], torch.Tensor.softmax
 
-    def spy(q, k, v, **kw):
-        calls.append((tuple(q.shape), tuple(k.shape), kw["enable_gqa"]))
-        return flex(q, k, v, **kw)
-    monkeypatch.setattr(fa, "flex_attention", spy)
+    def spy(x, *a, **kw):   # the matmul path's softmax sees (B, Hkv, G, L) fp32 scores
+        calls.append(tuple(x.shape))
+        return softmax(x, *a, **kw)
+    monkeypatch.setattr(torch.Tensor, "softmax", spy)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    kz.set_attention(model, "flex_decode")
-    res, _ = _trainer_logits_stock_and_gqa(model, tok, ours="flex_decode")
+    res, _ = _trainer_logits_stock_and_gqa(model, tok, ours="matmul_decode")
     for a, b in zip(stock[False], res[True]):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
-    # decode steps only (one query row), 6 query heads against 2 K/V heads, uncopied
-    assert calls and all(q[2] == 1 and q[1] == 6 and k[1] == 2 and gqa for q, k, gqa in calls), calls
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)   # eager: no flex_attention at all
+    # decode steps only: 3 sequences, 2 K/V heads, G = 3 query rows each
+    assert calls and all(c[:3] == (3, 2, 3) for c in calls), calls
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     calls.clear()
-    _trainer_logits_stock_and_gqa(model, tok, ours="flex_decode")
+    _trainer_logits_stock_and_gqa(model, tok, ours="matmul_decode")
     assert calls == []
 
 
@@ -2994,6 +2992,21 @@ _BENCH_CPU = torch.device("cpu")
 def _bench_run(tmp_path, *argv):
     bench.main(bench.parse_args([*argv, "--out", str(tmp_path)]))
     return [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
+
+
+def test_bench_attention_cpu_times_each_variant_and_checks_it_against_float64(tmp_path):
+    """bench.py attention on the CPU: a record per variant with its median time and its error against a float64
+    reference (fp32 here: far below bf16's 1e-3); the compiled matmul_decode is kernelzero's own function."""
+    rows = _bench_run(tmp_path, "attention", "--attention-models", "qwen-tiny-shape", "--attention-batches", "2",
+                      "--attention-cache", "64", "--attention-filled", "48", "--attention-reps", "2",
+                      "--attention-variants", "sdpa_gqa,matmul_decode_compiled")
+    assert [(r["section"], r["variant"]) for r in rows] == [("attention_step", "sdpa_gqa"),
+                                                           ("attention_step", "matmul_decode_compiled")]
+    for r in rows:
+        assert r["model"] == "qwen-tiny-shape" and r["batch"] == 2 and r["layers"] == 2 and r["floor_ms"] is None
+        assert 0 < r["min_ms"] <= r["ms_per_step"] <= r["max_ms"] and r["rel_err"] < 1e-5
+    with pytest.raises(SystemExit, match="attention-variants"):
+        _bench_run(tmp_path, "attention", "--attention-variants", "flash")
 
 
 def _bench_tiny_policy(name="tiny"):
