@@ -580,10 +580,11 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
 
     A separate forward pass, never generate's processed scores (TRL/verl do the same): sampling used the same
     temperature, so these are the log-probs of the distribution that was actually sampled.
-    chunk (0 < chunk < T): the transformer body runs once, then lm_head, the fp32 cast and the log-softmax run on
-    `chunk` completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V)
-    logits exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16 and
-    3.7 GB per fp32 copy); backward recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens).
+    chunk (0 < chunk < T): the transformer body runs once, then lm_head and the log-softmax run on `chunk`
+    completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V) logits
+    exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16); backward
+    recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens). On the H200 the 1.5B shape
+    saved 2.4 GB for 7% of the update's time (BENCHMARKS.md, session 7): token_logprobs already keeps no fp32 copy.
     Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
     Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
     config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.
