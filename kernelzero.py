@@ -80,9 +80,9 @@ class Config:
     gen_batch_size: int = 64  # prompts per generate call
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
     attention: str = "sdpa_gqa"  # the sampler's attention (ATTENTIONS): "sdpa_gqa" (no per-step K/V copies on GQA
-    #                              models), "matmul_decode" (sdpa_gqa, but compiled decode steps use two matmuls:
-    #                              faster in isolation, not yet timed end to end) or "sdpa" (transformers' stock); on
-    #                              the CPU the sampler is the trained model itself
+    #                              models), "sdpa" (transformers' stock) or "matmul_decode" (an experiment: faster
+    #                              alone, slower in the whole compiled step; BENCHMARKS.md session 7); on the CPU the
+    #                              sampler is the trained model itself
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
@@ -384,9 +384,11 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 # Profiled on the H200 (BENCHMARKS.md, sessions 5 and 7), torch's SDPA picks cuDNN's prefill-shaped flash kernel for
 # that, 64-query tiles serving G rows: 74% of a SmolLM2 decode step (48% for the 1.5B shape). Written as two matmuls
 # around a masked softmax, the same step lets torch.compile fuse the mask, scale and softmax and hand the products to
-# cuBLAS: `bench.py attention` measured the 30 layers of a SmolLM2 step at batch 64 at 1.18 ms against SDPA's
-# 2.16 ms (bandwidth floor 0.75 ms; 1.30 against 1.70 ms for the 1.5B shape). flex_attention was tried too and was
-# 100x slower there (a score_mod mask). Only inside torch.compile: eager, the unfused version loses to SDPA.
+# cuBLAS: `bench.py attention` measured the 30 layers of a SmolLM2 step at batch 64 at 1.14 ms against SDPA's
+# 2.16 ms (bandwidth floor 0.72 ms; 1.30 against 1.66 ms for the 1.5B shape). But inside the whole compiled decode
+# step it made the 1.5B shape's step slower, 17.1 against 10.5 ms (not yet profiled): an experiment, not the
+# default. flex_attention was tried too and was 100x slower (a score_mod mask). Only inside torch.compile: eager,
+# the unfused version loses to SDPA.
 
 def matmul_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                             **kwargs):
