@@ -41,10 +41,10 @@ shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed,
       `rollout_attention`), before and after one policy_update.
       `rollout_attention` sets the sampler's attention for the timed rollouts, any of kernelzero.ATTENTIONS: sdpa_gqa
       (kernelzero's GQA-aware function, the trainer's default), matmul_decode (sdpa_gqa, with two matmuls around a
-      masked softmax in the compiled decode step) and sdpa (transformers' stock: with a mask it copies K/V G times per layer
-      and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is among them, an
-      "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another compile of the same
-      code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
+      masked softmax in the compiled decode step) and sdpa (transformers' stock: with a mask it copies K/V G times per
+      layer and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is among them, an
+      "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another
+      compile of the same code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
       when comparing, e.g. `python bench.py rollout --rollout-models smollm2 --rollout-batches 64
       --rollout-attention sdpa_gqa,sdpa`. `--rollout-profile` (GPU): after each timed rollout, `profile_steps`
       decode steps of the same compiled path under torch.profiler: the top CUDA kernels and kernel ms against wall ms
