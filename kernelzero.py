@@ -514,10 +514,11 @@ def update_api_stats(api_stats, apis, correct, ema):
 
 
 def validate_modules(codes, apis_per_code, pool_hashes, ev):
-    """(valid, hash, why) per proposed module: code block present, every API used, not a held-out task (at any size),
-    new to the pool, and the harness's task linter passes (ev.lint: each module in its own worker process). `why`
-    names the first failed rule (None when valid): "format", "apis", "held_out", "in_pool" or "lint: <rule>"
-    (eval_harness.LINT_RULES), so that a run's log says why its Proposer's modules are rejected."""
+    """(valid, hash, why) per proposed module, and {lint rule: the first such problem in full}: code block present,
+    every API used, not a held-out task (at any size), new to the pool, and the harness's task linter passes (ev.lint:
+    each module in its own worker process). `why` names the first failed rule (None when valid): "format", "apis",
+    "held_out", "in_pool" or "lint: <rule>" (eval_harness.LINT_RULES), so that a run's log says why its Proposer's
+    modules are rejected; the examples say what the linter saw (the error of a module that "does not run")."""
     from eval_harness import lint_rule
     from kernelbench_tasks import catalog, held_out_hashes
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
@@ -539,11 +540,14 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
             todo.append(code)
     todo = list(dict.fromkeys(todo))  # lint each distinct source once
     reports = ev.lint(todo) if todo else []
-    lint = {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
+    lint, examples = {}, {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
     for src, r in zip(todo, reports):
-        lint[src] = None if r.get("ok") else "lint: " + lint_rule((r.get("problems") or ["no report"])[0])
+        problem = None if r.get("ok") else (r.get("problems") or ["no report"])[0]
+        lint[src] = problem and "lint: " + lint_rule(problem)
+        if problem:
+            examples.setdefault(lint_rule(problem), problem[:300])
     why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
-    return [w is None for w in why], hashes, why
+    return [w is None for w in why], hashes, why, examples
 
 
 def repetition_penalty(hashes, valid):
@@ -1106,7 +1110,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     set_of = [apis for apis in api_sets for _ in range(G)]
     with timed(times, "validate"):
         pool_hashes = {m["hash"] for m in state["pool"]}
-        valid, hashes, why = validate_modules(codes, set_of, pool_hashes, ev)
+        valid, hashes, why, lint_examples = validate_modules(codes, set_of, pool_hashes, ev)
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
     modules, results = {}, []
     for code, h, v, apis in zip(codes, hashes, valid, set_of):
@@ -1144,6 +1148,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     return {"proposer/valid_frac": float(valid_t.float().mean()),
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
             "proposer/invalid": dict(Counter(w for w in why if w is not None)),
+            "proposer/lint_examples": lint_examples,  # {rule: the first problem of that rule, truncated}
             "proposer/unique_valid": len(modules), "proposer/added": len(added),
             "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/pass_rates": sorted(ps),
             "proposer/probe_harness_s": harness_seconds(results),

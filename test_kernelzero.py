@@ -2215,7 +2215,7 @@ def _phase_fakes(monkeypatch, results_fn):
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
                         lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))],
-                                           [None] * len(codes)))
+                                           [None] * len(codes), {}))
     seen["ev"] = types.SimpleNamespace(holding_gpus=contextlib.nullcontext)   # no GPU: turns are no-ops
     return seen
 
@@ -2819,11 +2819,12 @@ def test_trainer_validate_modules_with_the_harness():
     codes.append(degenerate)
     sets.append(apis_a)
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=1, progress=False) as ev:
-        valid, hashes, why = kz.validate_modules(codes, sets, pool_hashes, ev)
+        valid, hashes, why, examples = kz.validate_modules(codes, sets, pool_hashes, ev)
     # ok | no code | misses an API (and is in the pool) | same module twice: both valid, penalised | broken source |
     # returns zeros (the linter's degenerate-output rule)
     assert valid == [True, False, False, True, True, False, False]
     assert why == [None, "format", "apis", None, None, "apis", "lint: degenerate"]
+    assert list(examples) == ["degenerate"] and "zeros" in examples["degenerate"]   # the linter's own words
     codes, sets, valid, hashes = codes[:-1], sets[:-1], valid[:-1], hashes[:-1]
     assert hashes[0] == hashes[3] == hashes[4] and hashes[1] is None and hashes[5] is None
     _trainer_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
@@ -2836,8 +2837,8 @@ def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():
     resized = re.sub(r"^(\w+) = \d+", r"\1 = 64", relu, flags=re.M)
     assert resized != relu
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=1, progress=False) as ev:
-        valid, hashes, why = kz.validate_modules([resized], [[]], set(), ev)
-    assert valid == [False] and hashes == [None] and why == ["held_out"]
+        valid, hashes, why, examples = kz.validate_modules([resized], [[]], set(), ev)
+    assert valid == [False] and hashes == [None] and why == ["held_out"] and examples == {}
 
 def test_trainer_eval_subcommand_writes_metrics_and_answers(tmp_path):
     """`kernelzero.py eval`: pass@k and fast_p for one level, and per task the first sample's verdict and answer."""
@@ -2868,7 +2869,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
     assert [r["round"] for r in rows] == [0, 1] and state["round"] == 2
     for r in rows:  # a random model writes no code: every answer is a counted format failure, nothing crashes
         assert r["proposer/format_frac"] == 1.0 and r["proposer/reward_mean"] == -1.0
-        assert r["proposer/invalid"] == {"format": 4}   # why each module was rejected
+        assert r["proposer/invalid"] == {"format": 4} and r["proposer/lint_examples"] == {}   # why rejected
         assert r["coder/errors"] == {"format": 4} and r["coder/pass_rate"] == 0.0
         assert "coder/loss" in r and "proposer/loss" in r and r["coder/kl"] == 0.0  # both updates ran
         assert r["coder/frac_reward_zero_std"] == 1.0 == r["proposer/frac_reward_zero_std"]
