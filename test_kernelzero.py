@@ -1104,6 +1104,22 @@ def test_harness_gpu_stale_memory_and_lint_timing():
     assert any("50 us" in p for p in small["problems"]), small
 
 
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_evaluator_lint_agrees_with_lint_tasks():
+    """The trainer lints on the Evaluator's started GPU workers (env of a Triton candidate runner); those must judge
+    tasks as lint_tasks' own workers do: a good task passes, a broken forward "does not run", zeros are degenerate."""
+    broken = GPU_RELU_TASK.replace("return torch.relu(x)", "return torch.relu(x) + x[:5]")
+    zeros = GPU_RELU_TASK.replace("return torch.relu(x)", "return torch.zeros_like(x)")
+    srcs = [GPU_RELU_TASK, broken, zeros]
+    fresh = eh.lint_tasks(srcs, device="cuda")
+    with eh.Evaluator(backend="triton", device="cuda", progress=False) as ev:
+        warm = ev.lint(srcs)
+    for report in (fresh, warm):
+        assert [r["ok"] for r in report] == [True, False, False], report
+        assert [eh.lint_rule(r["problems"][0]) for r in report[1:]] == ["does not run", "degenerate"], report
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # cuda_ext/: fast_load_inline and the bench generators
 # Tests for cuda_ext/build.py (fast_load_inline), cuda_ext's one-shot examples and bench.py's candidate generators.
