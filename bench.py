@@ -916,20 +916,32 @@ def bench_rollout(cfg: Config) -> None:
            "stale weights"], greedy_rows)
 
 
+def event_ms(fn) -> float:
+    """Milliseconds of the GPU work fn() queues, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
 def matmul_tflops(n: int, device):
     """The bf16 matrix rate of this GPU: median of 20 timed n x n x n torch.matmul on random data (None on a CPU)."""
     if device.type != "cuda":
         return None
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    times = []
-    for i in range(25):   # 5 warm-ups
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * n**3 / statistics.median(times[5:]) / 1e12
+    times = [event_ms(lambda: a @ b) for _ in range(25)]   # the first 5 are warm-ups
+    return 2 * n**3 / (statistics.median(times[5:]) / 1e3) / 1e12
+
+
+def copy_tb_s(device) -> float | None:
+    """Device memory bandwidth in TB/s (bytes read + written) of a 1 GiB bf16 copy, median of 10 (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    return 2 * x.numel() * 2 / statistics.median(event_ms(lambda: y.copy_(x)) for _ in range(10)) / 1e9
 
 
 def train_batch(policy, kcfg, cfg: Config, device):
@@ -1006,8 +1018,10 @@ def bench_train(cfg: Config) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # attention: one decode step's attention alone, per implementation
 
-ATTENTION_SHAPES = {  # query heads, K/V heads, head dim, layers
-    "smollm2": (9, 3, 64, 30), "qwen1.5b-shape": (12, 2, 128, 28), "qwen-tiny-shape": (4, 2, 16, 2)}
+ATTENTION_SHAPES = {  # query heads, K/V heads, head dim, layers: SmolLM2-135M's config, and the random shapes'
+    "smollm2": (9, 3, 64, 30), **{name: (s["num_attention_heads"], s["num_key_value_heads"],
+                                        s["hidden_size"] // s["num_attention_heads"], s["num_hidden_layers"])
+                                  for name, s in SHAPES.items()}}
 
 
 def decode_attentions() -> dict:
@@ -1028,24 +1042,6 @@ def decode_attentions() -> dict:
     return {"sdpa_gqa": sdpa_gqa, "sdpa_gqa_compiled": torch.compile(sdpa_gqa, dynamic=False),
             "matmul_decode_compiled": torch.compile(matmul_decode, dynamic=False),
             "flex_compiled": torch.compile(flex, dynamic=False)}
-
-
-def copy_tb_s(device) -> float | None:
-    """Device memory bandwidth in TB/s (bytes read + written) of a 1 GiB bf16 copy, median of 10 (None on a CPU)."""
-    if device.type != "cuda":
-        return None
-    x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    return 2 * x.numel() * 2 / statistics.median(event_ms(lambda: y.copy_(x)) for _ in range(10)) / 1e9
-
-
-def event_ms(fn) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
 
 
 def bench_attention(cfg: Config) -> None:

@@ -543,9 +543,10 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
     lint, examples = {}, {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
     for src, r in zip(todo, reports):
         problem = None if r.get("ok") else (r.get("problems") or ["no report"])[0]
-        lint[src] = problem and "lint: " + lint_rule(problem)
-        if problem:
-            examples.setdefault(lint_rule(problem), problem[:300])
+        rule = problem and lint_rule(problem)
+        lint[src] = rule and "lint: " + rule
+        if rule:
+            examples.setdefault(rule, problem[:300])
     why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
     return [w is None for w in why], hashes, why, examples
 
