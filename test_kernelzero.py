@@ -3135,3 +3135,11 @@ def test_bench_greedy_check_catches_a_rollout_path_that_keeps_old_weights(monkey
     res = bench.greedy_check(policy, _bench_prompts(2), kcfg, cfg, _BENCH_CPU)
     assert res["match_before"] and res["weights_changed_output"]
     assert not res["match_after"] and res["stale"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The suites in tests/ (imported last so that the set-up above applies to them)
+from tests.models import *  # noqa: E402,F401,F403
+from tests.harness_throughput import *  # noqa: E402,F401,F403
+from tests.newcomer import *  # noqa: E402,F401,F403
+from tests.replication import *  # noqa: E402,F401,F403
