@@ -36,6 +36,7 @@ import ast
 import concurrent.futures
 import contextlib
 import dataclasses
+import difflib
 import glob
 import gzip
 import importlib.util
@@ -43,6 +44,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -166,9 +168,109 @@ def _field_type(f):
     return type(f.default)
 
 
+class UsageError(SystemExit):
+    """A wrong command line: exit status 2 (argparse's convention) and one line saying what is wrong (str())."""
+
+    def __init__(self, message):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse would print the usage of ~90 flags above its message: one line is easier to read
+    def error(self, message):
+        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        unknown = re.findall(r"(--?[\w-]+)", message.split(":", 1)[1]) if "unrecognized" in message else []
+        close = [m for u in unknown for m in difflib.get_close_matches(u.split("=")[0], flags, n=1, cutoff=0.75)]
+        raise UsageError(message + (f" (did you mean {close[0]}?)" if close else "")
+                         + "; `python kernelzero.py --help` lists the flags")
+
+
+CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", "cpu"),
+           "backend": lambda: ("cuda", "triton"), "attention": lambda: tuple(ATTENTIONS),
+           "proposer_mode": lambda: ("frontier", "uniform"), "coder_reward": lambda: ("ca-grpo", "correctness"),
+           "adv_scale": lambda: ("group", "none"),
+           "loss_agg": lambda: ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
+# (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
+ABOVE_0, BELOW_1 = 1e-12, 1 - 1e-12
+RANGES = {"rounds": (0, None), "max_new_tokens": (1, None), "max_prompt_tokens": (1, None), "prompt_bucket": (1, None),
+          "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
+          "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
+          "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
+          "pool_size": (1, None), "seed_pool": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
+          "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
+          "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
+          "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
+          "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
+          "eval_workers": (0, None), "eval_every": (0, None), "eval_max_tasks": (0, None), "eval_samples": (1, None),
+          "level": (1, None), "samples": (1, None), "temperature": (0.0, None)}
+
+
+def _levels(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return None
+
+
+def config_problem(cfg):
+    """Why this Config cannot run, in one line (None when it can): checked before any work starts, so that a wrong
+    flag never costs an SFT data generation or a model load first."""
+    for name, choices in CHOICES.items():
+        if getattr(cfg, name) not in choices():
+            return f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose from {', '.join(choices())}"
+    for name, (lo, hi) in RANGES.items():
+        v = getattr(cfg, name)
+        if not ((lo is None or v >= lo) and (hi is None or v <= hi)):   # (NaN fails both)
+            low = {ABOVE_0: "above 0", 0: "0 or more"}.get(lo, f"{lo} or more")
+            bound = low if hi is None else f"{low} and {'below 1' if hi == BELOW_1 else f'at most {hi}'}"
+            return f"--{name.replace('_', '-')} {v}: must be {bound}"
+    if cfg.frontier_low > cfg.frontier_high:
+        return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
+    if not cfg.run_dir.strip():
+        return "--run-dir is empty"
+    if os.path.exists(cfg.run_dir) and not os.path.isdir(cfg.run_dir):
+        return f"--run-dir {cfg.run_dir}: a file is in the way"
+    if cfg.sft_data and not os.path.isfile(cfg.sft_data):
+        return f"--sft-data {cfg.sft_data}: no such file (make one with `python -m kernelbench_tasks.synth`)"
+    if cfg.kernelbench_dir and not os.path.isdir(cfg.kernelbench_dir):
+        return f"--kernelbench-dir {cfg.kernelbench_dir}: no such directory"
+    levels = _levels(cfg.eval_levels)
+    if levels is None:
+        return f"--eval-levels {cfg.eval_levels!r}: comma-separated level numbers, like 1,2"
+    for level in sorted(set(levels + [cfg.level])):
+        try:
+            load_tasks(level, cfg.kernelbench_dir, max_tasks=1)
+        except SystemExit as e:
+            return f"{'--level' if level == cfg.level else '--eval-levels'} {level}: {e}"
+    if not torch.cuda.is_available():
+        if cfg.device == "cuda":
+            return "--device cuda: no GPU is visible; use --device cpu (the default on a machine without a GPU)"
+        if cfg.backend == "cuda":
+            return "--backend cuda needs a GPU: pass --backend triton (Triton kernels under the CPU interpreter)"
+    for flag, name in (("--coder-model", cfg.coder_model), ("--proposer-model", cfg.proposer_model)):
+        why = model_problem(name) if "model_problem" in globals() else None   # (the Models section names it)
+        if why:
+            return f"{flag} {name}: {why}"
+    return None
+
+
 def parse_config(argv):
-    """Config from the command line: preset defaults < CPU fallback < saved run config (--resume) < explicit flags."""
-    parser = argparse.ArgumentParser(description="KernelZero trainer", argument_default=argparse.SUPPRESS)
+    """Config from the command line: preset defaults < CPU fallback < saved run config (--resume) < explicit flags.
+    A wrong flag or value raises UsageError (exit status 2) after printing one line to stderr, before any work."""
+    try:
+        return _parse_config(argv)
+    except UsageError as e:
+        print(f"kernelzero.py: error: {e}", file=sys.stderr)
+        raise
+
+
+def _parse_config(argv):
+    # allow_abbrev=False: `--round 3` must not silently become `--rounds 3`
+    parser = _Parser(description="KernelZero trainer", argument_default=argparse.SUPPRESS, allow_abbrev=False)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         if _field_type(f) is bool:
@@ -178,24 +280,29 @@ def parse_config(argv):
     given = vars(parser.parse_args(argv))  # only the flags actually passed (SUPPRESS drops the rest)
     preset = given.get("preset", "default")
     if preset not in PRESETS:
-        raise SystemExit(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-    values = dict(PRESETS[preset])
+        raise UsageError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
+    values, fell_back = dict(PRESETS[preset]), False
     run_dir = given.get("run_dir", values.get("run_dir", Config.run_dir))
     if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
         with open(os.path.join(run_dir, "config.json")) as f:
             values = json.load(f)  # the run's own config, so that it continues exactly
     elif preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
-        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
-              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
         values.update(CPU_FALLBACK)
+        fell_back = True
     values.update(given)
     if "gqa_attention" in values:  # a run config saved before `attention` replaced this switch
         values["attention"] = "sdpa_gqa" if values.pop("gqa_attention") else "sdpa"
-    for name, choices in (("proposer_mode", ("frontier", "uniform")), ("coder_reward", ("ca-grpo", "correctness")),
-                          ("attention", tuple(ATTENTIONS))):
-        if values.get(name, getattr(Config, name)) not in choices:
-            raise SystemExit(f"--{name.replace('_', '-')} must be one of {choices}")
-    return Config(**values)
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Config)})
+    if unknown:
+        raise UsageError(f"{os.path.join(run_dir, 'config.json')} has settings this version does not know: {unknown}")
+    cfg = Config(**values)
+    why = config_problem(cfg)
+    if why:
+        raise UsageError(why)
+    if fell_back:
+        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
+              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
+    return cfg
 
 
 # -----------------------------------------------------------------------------

@@ -1,1 +1,69 @@
-"""Tests: newcomer."""
+"""Tests: what a newcomer meets first. Every wrong flag is one clear line (exit status 2) before any work starts,
+the console says why a round trained nothing, plots and the harness CLI say what they show."""
+
+import json
+
+import pytest
+
+
+def _usage_error(kz, capsys, argv):
+    """(exit code, the stderr line) of a command line that must be refused before any work."""
+    with pytest.raises(SystemExit) as e:
+        kz.cli(argv)
+    err = capsys.readouterr().err.strip()
+    return e.value.code, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--round", "3"], "did you mean --rounds?"),   # no prefix matching: a typo is not a different flag
+    (["--backend", "foo"], "--backend 'foo': choose from cuda, triton"),
+    (["--device", "tpu"], "--device 'tpu'"),
+    (["--loss-agg", "sum"], "--loss-agg 'sum'"),
+    (["--adv-scale", "batch"], "--adv-scale 'batch'"),
+    (["--group-size", "1"], "--group-size 1: must be 2 or more"),
+    (["--temperature", "-0.5"], "--temperature -0.5"),
+    (["--lr", "nan"], "--lr nan"),
+    (["--tau", "1.5"], "--tau 1.5"),
+    (["--frontier-low", "0.9", "--frontier-high", "0.5"], "--frontier-low 0.9 is above --frontier-high 0.5"),
+    (["--eval-levels", "1,two"], "--eval-levels '1,two'"),
+    (["--sft-data", "no/such/pairs.jsonl"], "--sft-data no/such/pairs.jsonl: no such file"),
+    (["--rounds", "three"], "invalid int value"),
+    (["eval", "--level", "9"], "--level 9: no level9 tasks"),
+    (["--coder-model", "does/not/exist"], "--coder-model does/not/exist"),
+    (["--proposer-model", "./no_such_dir"], "--proposer-model ./no_such_dir"),
+])
+def test_newcomer_wrong_flags_get_one_line_before_any_work(argv, says, capsys, monkeypatch, tmp_path):
+    import kernelzero as kz
+    from kernelbench_tasks import synth
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before the flags were checked")
+    for name in ("sft_warm_start", "make_policy", "seed_pool", "run_eval", "main"):
+        monkeypatch.setattr(kz, name, no_work)
+    monkeypatch.setattr(synth, "generate_pairs", no_work)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # a hub id is looked up in the cache only
+    code, err = _usage_error(kz, capsys, argv + ["--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("kernelzero.py: error: ") and says in err, err
+
+
+def test_newcomer_cuda_without_a_gpu_is_refused_up_front(capsys, tmp_path):
+    import torch
+
+    import kernelzero as kz
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    for argv, says in ((["--device", "cuda"], "no GPU is visible"), (["--backend", "cuda"], "--backend triton")):
+        code, err = _usage_error(kz, capsys, argv + ["--run-dir", str(tmp_path)])
+        assert code == 2 and says in err and len(err.splitlines()) == 1
+
+
+def test_newcomer_a_good_command_line_still_parses(tmp_path):
+    import kernelzero as kz
+    cfg = kz.parse_config(["--preset", "tiny", "--rounds", "0", "--eval-levels", "1,2", "--temperature", "0",
+                           "--run-dir", str(tmp_path)])
+    assert cfg.rounds == 0 and cfg.temperature == 0 and kz.config_problem(cfg) is None
+    # the config a run saves reads back as the same Config on --resume
+    (tmp_path / "config.json").write_text(json.dumps(kz.dataclasses.asdict(cfg)))
+    resumed = kz.parse_config(["--resume", "--preset", "tiny", "--run-dir", str(tmp_path)])
+    assert resumed == kz.dataclasses.replace(cfg, resume=True)
