@@ -1544,17 +1544,36 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _print_result(result: KernelResult, as_json: bool, **names) -> None:
+def _human_result(result: KernelResult, device: str = "cuda", timing: bool = True) -> str:
+    """One or two lines a person reads: the verdict, speedup and runtimes (or why there are none), the compile and
+    check time; on failure the reason, and the check that fired."""
+    if result.correct:
+        line = "ok: correct"
+        if result.speedup is not None:
+            line += (f", speedup {result.speedup:.2f}x ({result.runtime_ms:.3f} ms vs "
+                     f"{result.ref_runtime_ms:.3f} ms eager)")
+        elif device == "cpu":
+            line += ", not timed (the CPU runs Triton under its interpreter: speedup and runtime need a GPU)"
+        elif not timing:
+            line += ", not timed (--no-timing)"
+    else:
+        line = f"FAIL ({result.error_kind})"
+    took = [f"compiled in {result.compile_s:.1f} s" if result.compile_s else "",
+            f"{sum((result.details.get('phase_s') or {}).values()):.1f} s in all" if result.details.get("phase_s") else ""]
+    line += "".join(f"; {t}" for t in took if t)
+    if result.details.get("check"):
+        line += f" [check: {result.details['check']}]"
+    if result.error and not result.correct:
+        line += "\n  " + result.error.strip().splitlines()[-1][:300]
+    return line
+
+
+def _print_result(result: KernelResult, as_json: bool, device: str = "cuda", timing: bool = True, **names) -> None:
     if as_json:
         print(json.dumps({**names, **dataclasses.asdict(result)}), flush=True)
         return
     label = " ".join(f"{v}" for v in names.values())
-    line = f"{label + ': ' if label else ''}{result.error_kind}"
-    if result.speedup is not None:
-        line += f"  speedup {result.speedup:.2f}x ({result.runtime_ms:.3f} ms vs {result.ref_runtime_ms:.3f} ms eager)"
-    if result.details.get("check"):
-        line += f"  [check: {result.details['check']}]"
-    print(line + (f"\n  {result.error}" if result.error else ""), flush=True)
+    print((f"{label}: " if label else "") + _human_result(result, device, timing), flush=True)
 
 
 def _task_solution_pairs(tasks_dir: str, solutions_dir: str, backend: str) -> list[tuple[str, str]]:
@@ -1629,7 +1648,7 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.isfile(path):
                 parser.error(f"no such file: {path}")
         result = evaluate(_read(args.ref), _read(args.cand), backend=backend, device=device, **opts)
-        _print_result(result, args.json)
+        _print_result(result, args.json, device, opts["timing"])
         return 0 if result.correct else 1
 
     for path in (args.tasks, args.solutions):
@@ -1641,7 +1660,8 @@ def main(argv: list[str] | None = None) -> int:
     with Evaluator(backend=backend, device=device, cpu_workers=args.workers, progress=not args.json, **opts) as ev:
         results = ev.map([(_read(t), _read(s)) for t, s in pairs])
     for (task, sol), result in zip(pairs, results):
-        _print_result(result, args.json, task=os.path.basename(task), solution=os.path.basename(sol))
+        _print_result(result, args.json, device, opts["timing"], task=os.path.basename(task),
+                      solution=os.path.basename(sol))
     return 0 if all(r.correct for r in results) else 1
 
 

@@ -67,3 +67,33 @@ def test_newcomer_a_good_command_line_still_parses(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(kz.dataclasses.asdict(cfg)))
     resumed = kz.parse_config(["--resume", "--preset", "tiny", "--run-dir", str(tmp_path)])
     assert resumed == kz.dataclasses.replace(cfg, resume=True)
+
+
+def test_newcomer_harness_check_says_speedup_runtime_and_why(tmp_path, capsys, monkeypatch):
+    """`eval_harness.py check` without --json: the verdict with its speedup and runtimes, or why there are none, and
+    on failure the reason, on one or two lines."""
+    import eval_harness as eh
+    ref, cand = tmp_path / "ref.py", tmp_path / "cand.py"
+    ref.write_text("# task\n")
+    cand.write_text("# candidate\n")
+    verdicts = {
+        "gpu_ok": (eh.KernelResult(compiled=True, correct=True, error_kind="ok", speedup=1.5, runtime_ms=0.1,
+                                   ref_runtime_ms=0.15, compile_s=11.0), "cuda", 0,
+                   ["ok: correct, speedup 1.50x (0.100 ms vs 0.150 ms eager); compiled in 11.0 s"]),
+        "cpu_ok": (eh.KernelResult(compiled=True, correct=True, error_kind="ok", compile_s=0.5,
+                                   details={"phase_s": {"reference": 2.0, "run": 68.0}}), "cpu", 0,
+                   ["ok: correct, not timed (the CPU runs Triton under its interpreter: speedup and runtime need a "
+                    "GPU); compiled in 0.5 s; 70.0 s in all"]),
+        "timeout": (eh.KernelResult(compiled=True, correct=False, error_kind="timeout",
+                                    error="Traceback ...\nrun exceeded the 20 s limit\n"), "cpu", 1,
+                    ["FAIL (timeout)", "  run exceeded the 20 s limit"]),
+        "hack": (eh.KernelResult(compiled=True, correct=False, error_kind="reward_hack", error="torch.matmul in forward",
+                                 details={"check": "fallback"}), "cuda", 1,
+                 ["FAIL (reward_hack) [check: fallback]", "  torch.matmul in forward"]),
+    }
+    for name, (result, device, rc, lines) in verdicts.items():
+        monkeypatch.setattr(eh, "evaluate", lambda *a, **k: result)
+        assert eh.main(["check", str(ref), str(cand), "--device", device, "--backend", "triton"]) == rc, name
+        assert capsys.readouterr().out.splitlines() == lines, name
+    assert eh.main(["check", str(ref), str(cand), "--device", "cpu", "--backend", "triton", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["error_kind"] == "reward_hack"   # --json is unchanged
