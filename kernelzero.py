@@ -134,6 +134,7 @@ class Config:
     sft_lr: float = 2e-5
     sft_batch: int = 16  # sequences per optimizer step
     sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
+    distill_keep: int = 2  # distill subcommand: at most this many distinct verified kernels per synthetic module
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
     # held-out eval (during training) and the eval subcommand
@@ -1302,10 +1303,7 @@ def sft_warm_start(cfg, device, harness_device):
         pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
                                       workers=cfg.eval_workers or None)
         print(f"synth: {stats}")
-        os.makedirs(os.path.dirname(data), exist_ok=True)
-        with open(data + ".tmp", "w") as f:
-            f.writelines(json.dumps(p) + "\n" for p in pairs)
-        os.replace(data + ".tmp", data)
+        write_jsonl(data, pairs)
     with (gzip.open if data.endswith(".gz") else open)(data, "rt") as f:   # .jsonl or .jsonl.gz
         pairs = [json.loads(line) for line in f if line.strip()]
     pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
@@ -1322,6 +1320,77 @@ def sft_warm_start(cfg, device, harness_device):
         del policy
     print(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
+
+
+def write_jsonl(path, rows):
+    """One JSON object per line, to path (gzip-compressed when it ends in .gz), atomically."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with (gzip.open if path.endswith(".gz") else open)(path + ".tmp", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(path + ".tmp", path)
+
+
+def self_distill(policy, cfg, ev, n_modules, samples, keep):
+    """(pairs, stats): an SFT corpus from the Coder's own verified answers, by rejection sampling (STaR, Zelikman et
+    al. 2022; RFT, Yuan et al. 2023: sample, keep what a checker accepts, fine-tune on it).
+
+    `samples` kernels per synthetic module (kernelbench_tasks.synth, which never draws a held-out level1/level2 task)
+    through the trainer's rollouts, verified by the harness; of each module's correct kernels the first `keep` distinct
+    ones (catalog.normalized_source_hash: comments, formatting and local names do not count) become pairs in the
+    templated corpus's format, marked "source": "self". `keep` bounds how much the easiest modules weigh.
+    """
+    from eval_harness import extract_code
+    from kernelbench_tasks import catalog
+    from kernelbench_tasks.synth import generate_pairs
+    # seed + 2: other modules than the templated corpus (drawn with seed) and the RL seed pool (seed + 1)
+    modules, _ = generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
+    prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
+    refs = [m["module"] for m in modules for _ in range(samples)]
+    times = {}
+    batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill")
+    pairs, kinds = [], Counter()
+    for i, module in enumerate(modules):
+        kept = set()
+        for j in range(i * samples, (i + 1) * samples):
+            if results[j].correct and len(kept) < keep:
+                code = extract_code(batch["completions"][j])
+                h = catalog.normalized_source_hash(code)
+                if h not in kept:
+                    kept.add(h)
+                    pairs.append({**module, "solution": code, "source": "self"})
+                    kinds[module["kind"]] += 1
+    stats = dict(model=cfg.coder_model, temperature=cfg.temperature, modules=len(modules), samples=samples,
+                 keep=keep, errors=dict(Counter(r.error_kind for r in results)), kept=len(pairs),
+                 modules_kept=len({p["seed"] for p in pairs}), kept_by_kind=dict(kinds),
+                 seconds={k: round(v, 1) for k, v in times.items()}, harness_s=harness_seconds(results))
+    return pairs, stats
+
+
+def run_distill(cfg):
+    """The distill subcommand: self_distill with --coder-model on --sft-pairs synthetic modules, --samples kernels
+    each, at most --distill-keep kept per module, written like `python -m kernelbench_tasks.synth --out RUN_DIR`:
+    RUN_DIR/pairs.jsonl and RUN_DIR/stats.json. `--sft-data RUN_DIR/pairs.jsonl` then warm-starts from it;
+    concatenate it with the templated corpus for a mix."""
+    from eval_harness import Evaluator
+    if cfg.distill_keep < 1:
+        raise SystemExit(f"--distill-keep {cfg.distill_keep}: keep at least 1 kernel per module")
+    device = resolve_device(cfg)
+    harness_device = harness_device_for(cfg, device)
+    print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    torch.manual_seed(cfg.seed)
+    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
+    # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
+                   timing=False) as ev:
+        pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep)
+    path = os.path.join(cfg.run_dir, "pairs.jsonl")
+    write_jsonl(path, pairs)
+    with open(os.path.join(cfg.run_dir, "stats.json"), "w") as f:
+        json.dump(stats, f, indent=1)
+    print(json.dumps(stats))
+    print(f"wrote {len(pairs)} verified pairs from {stats['modules_kept']} of {stats['modules']} modules to {path}")
+    return pairs, stats
 
 
 # -----------------------------------------------------------------------------
@@ -1527,15 +1596,16 @@ def console_line(rec):
 
 def held_out_eval(coder, cfg, ev, round_):
     """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
-    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> correct count, and the first
-    sample's verdict, speedup, error and answer), not to metrics.jsonl."""
+    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> samples, correct count, every
+    sample's verdict and speedup, the first one's error and answer; `compare` reads it), not to metrics.jsonl."""
     out, tasks = {}, {}
     for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
         res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
         out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
         tasks[f"level{level}"] = res["tasks"]
     with open(os.path.join(cfg.run_dir, f"eval_round{round_}.json"), "w") as f:
-        json.dump({"round": round_, "samples": cfg.eval_samples, **tasks}, f, indent=1)
+        json.dump({"round": round_, "samples": cfg.eval_samples, "model": cfg.coder_model,
+                   "temperature": cfg.temperature, **tasks}, f, indent=1)
     return out
 
 
@@ -1644,6 +1714,38 @@ def geomean_speedup(correct, speedup):
     return math.exp(sum(logs) / len(logs)) if logs else None
 
 
+def bootstrap_ci(values, n_boot=10000, seed=0, alpha=0.05):
+    """(mean, low, high): the mean of per-task values and its 1 - alpha percentile bootstrap interval.
+
+    Tasks are resampled with replacement, n_boot times (Efron & Tibshirani 1993, "An Introduction to the Bootstrap",
+    ch. 13): tasks are the unit a benchmark draws, and each task's value (e.g. its pass@1, c/n of its samples) already
+    averages its own samples, so the interval covers both which tasks were drawn and the sampling noise within them.
+    Deterministic from seed (python's random.choices, the same on every platform).
+    bootstrap_ci([0, 1] * 20) = (0.5, 0.35, 0.65) (the normal approximation: 0.5 +- 0.155);
+    bootstrap_ci([0.25] * 10) = (0.25, 0.25, 0.25).
+    """
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("bootstrap_ci needs at least one value")
+    n, rng = len(values), random.Random(seed)
+    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(n_boot))
+    cut = int(alpha / 2 * n_boot)
+    return sum(values) / n, means[cut], means[n_boot - 1 - cut]
+
+
+def paired_bootstrap_diff(before, after, n_boot=10000, seed=0, alpha=0.05):
+    """(mean, low, high) of after - before, tasks resampled jointly: the bootstrap_ci of the per-task differences.
+
+    before[i] and after[i] are the same task's values. Pairing removes the spread between easy and hard tasks, which
+    two separate intervals would both carry: before = [0, 0.25, 0.5, 0.75] * 10 and after = before + 0.125 have
+    overlapping intervals (0.2875, 0.4625) and (0.4125, 0.5875), but paired_bootstrap_diff(before, after) =
+    (0.125, 0.125, 0.125). With noise: before = [0, 0, 0, 1] * 10, after = [0, 1, 0, 1] * 10 -> (0.25, 0.125, 0.4).
+    """
+    if len(before) != len(after):
+        raise ValueError(f"paired values need the same tasks: {len(before)} before, {len(after)} after")
+    return bootstrap_ci([a - b for b, a in zip(before, after)], n_boot, seed, alpha)
+
+
 FAST_PS = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 
 
@@ -1662,24 +1764,30 @@ def load_tasks(level, kernelbench_dir="", max_tasks=0):
 
 
 def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0):
-    """pass@k, fast_p (first sample of each task) and the geometric-mean speedup of the Coder on one level."""
+    """pass@k (with a bootstrap interval for pass@1), fast_p and the geometric-mean speedup of the Coder on one level.
+
+    fast_p counts every sample: with one sample per task it is KernelBench's fast_p, with n it is that number's
+    expectation over the n draws (every task has n samples, so each task weighs the same)."""
     tasks = load_tasks(level, kernelbench_dir, max_tasks)
     prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
     refs = [src for _, src in tasks for _ in range(samples)]
     batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}")
     per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
     n_correct = [sum(r.correct for r in rs) for rs in per_task]
-    first_correct = [rs[0].correct for rs in per_task]
-    first_speedup = [rs[0].speedup for rs in per_task]
     out = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in n_correct) / len(tasks)
            for k in (1, 5, 10, samples) if k <= samples}
-    out.update({f"fast_{p:g}": fast_p(first_correct, first_speedup, p) for p in FAST_PS})
-    out["geomean_speedup"] = geomean_speedup([r.correct for r in results], [r.speedup for r in results])
+    out["pass@1_ci"] = list(bootstrap_ci([c / samples for c in n_correct])[1:])
+    correct, speedup = [r.correct for r in results], [r.speedup for r in results]
+    out.update({f"fast_{p:g}": fast_p(correct, speedup, p) for p in FAST_PS})
+    out["geomean_speedup"] = geomean_speedup(correct, speedup)
     out["errors"] = dict(Counter(r.error_kind for r in results))
     out["harness_s"] = harness_seconds(results)
-    # per task, with the first sample's answer and verdict (truncated): what the Coder actually writes
-    out["tasks"] = {name: dict(correct=c, first_kind=rs[0].error_kind, speedup=rs[0].speedup,
-                               first_error=rs[0].error[:500], first_answer=batch["completions"][i * samples][:3000])
+    # per task every sample's verdict (so that `compare` can compute intervals from the file alone), and the first
+    # sample's answer and error (truncated): what the Coder actually writes
+    out["tasks"] = {name: dict(n=samples, correct=c, sample_correct=[r.correct for r in rs],
+                               sample_speedup=[r.speedup for r in rs], sample_kind=[r.error_kind for r in rs],
+                               first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
+                               first_answer=batch["completions"][i * samples][:3000])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out
 
@@ -1690,6 +1798,10 @@ def run_eval(cfg):
     device = resolve_device(cfg)
     harness_device = harness_device_for(cfg, device)
     print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    if cfg.temperature == 0 and cfg.samples > 1:
+        print(f"note: greedy decoding (--temperature 0) gives every sample the same answer: 1 sample per task, "
+              f"not {cfg.samples}")
+        cfg = dataclasses.replace(cfg, samples=1)
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
     with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
@@ -1701,9 +1813,84 @@ def run_eval(cfg):
     os.makedirs(cfg.run_dir, exist_ok=True)
     path = os.path.join(cfg.run_dir, f"eval_level{cfg.level}_{cfg.backend}.json")
     with open(path, "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), **res}, f, indent=1)
+        json.dump({"config": dataclasses.asdict(cfg), "model": cfg.coder_model, "temperature": cfg.temperature,
+                   **res}, f, indent=1)
     print(f"wrote {path}")
     return res
+
+
+def load_eval(path):
+    """{"level1": {task: record}, ...} from `eval`'s eval_level{L}_{backend}.json, a run's eval_round{N}.json, or a
+    directory holding `eval` files (every eval_level*.json in it: one per level). Records: see evaluate_coder."""
+    if os.path.isdir(path):
+        levels = {}
+        for file in sorted(glob.glob(os.path.join(path, "eval_level*.json"))):
+            for level, tasks in load_eval(file).items():
+                if level in levels:
+                    raise SystemExit(f"{path} holds two evals of {level}: name the file to compare")
+                levels[level] = tasks
+        if not levels:
+            raise SystemExit(f"{path} holds no eval_level*.json (what `kernelzero.py eval` writes)")
+        return levels
+    with open(path) as f:
+        data = json.load(f)
+    if "tasks" in data:   # `eval`: one level
+        levels = {f"level{data['config']['level']}": data["tasks"]}
+    else:                 # held_out_eval: every eval level of a run
+        levels = {k: v for k, v in data.items() if k.startswith("level")}
+    for level, tasks in levels.items():
+        if not all("sample_correct" in t for t in tasks.values()):
+            raise SystemExit(f"{path}: {level} keeps no per-sample verdicts (written by an older kernelzero.py): "
+                             "run the eval again")
+    return levels
+
+
+def compare_evals(paths, n_boot=10000):
+    """The compare subcommand. Per level and eval: pass@1 with its 95% bootstrap interval over tasks, pass@n (n: the
+    fewest samples per task of all evals), fast_1 and the geometric-mean speedup of correct kernels; for every eval
+    after the first, its pass@1 minus the first's with a paired bootstrap interval (tasks matched by name).
+    Prints one markdown table per level; returns {level: [one row dict per eval]}."""
+    evals = [load_eval(p) for p in paths]
+    out = {}
+    for level in sorted(set().union(*evals)):
+        first = evals[0].get(level, {})
+        for path, levels in zip(paths, evals):
+            other = set(levels.get(level, {}))
+            if other != set(first):
+                raise SystemExit(f"{level}: {paths[0]} and {path} hold different tasks (only in the first: "
+                                 f"{sorted(set(first) - other)[:5]}, only in the other: {sorted(other - set(first))[:5]})"
+                                 ": compare evals of the same tasks")
+        names = sorted(first)
+        k = min(len(levels[level][t]["sample_correct"]) for levels in evals for t in names)
+        rows, before = [], None
+        for path, levels in zip(paths, evals):
+            recs = [levels[level][t] for t in names]
+            pass1 = [sum(r["sample_correct"]) / len(r["sample_correct"]) for r in recs]
+            correct = [c for r in recs for c in r["sample_correct"]]
+            speedup = [s for r in recs for s in r["sample_speedup"]]
+            rows.append(dict(
+                eval=path, tasks=len(names), samples=sorted({len(r["sample_correct"]) for r in recs}),
+                pass1=bootstrap_ci(pass1, n_boot),
+                pass_k=sum(pass_at_k(len(r["sample_correct"]), sum(r["sample_correct"]), k) for r in recs) / len(recs),
+                fast_1=fast_p(correct, speedup, 1.0),   # every sample counts (see evaluate_coder)
+                geomean_speedup=geomean_speedup(correct, speedup),
+                diff=paired_bootstrap_diff(before, pass1, n_boot) if before is not None else None))
+            if before is None:
+                before = pass1
+        out[level] = rows
+        print(f"\n{level}: {len(names)} tasks; 95% intervals: bootstrap over tasks (pass@1), paired (difference)")
+        print(f"| eval | samples | pass@1 [95% CI] | pass@{k} | fast_1 | geomean speedup | pass@1 - first [95% CI] |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            diff = "" if r["diff"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*r["diff"])
+            speed = "-" if r["geomean_speedup"] is None else f"{r['geomean_speedup']:.2f}"
+            print(f"| {r['eval']} | {'/'.join(map(str, r['samples']))} | {r['pass1'][0]:.3f} [{r['pass1'][1]:.3f}, "
+                  f"{r['pass1'][2]:.3f}] | {r['pass_k']:.3f} | {r['fast_1']:.3f} | {speed} | {diff} |")
+    return out
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def plot_runs(run_dirs):
@@ -1763,6 +1950,12 @@ def cli(argv):
         return plot_runs(argv[1:])
     if argv[:1] == ["eval"]:
         return run_eval(parse_config(argv[1:]))
+    if argv[:1] == ["compare"]:
+        if len(argv) < 3:
+            raise SystemExit("usage: python kernelzero.py compare BEFORE.json AFTER.json [MORE.json ...]  (or eval dirs)")
+        return compare_evals(argv[1:])
+    if argv[:1] == ["distill"]:
+        return run_distill(parse_config(argv[1:]))
     return main(parse_config(argv))
 
 

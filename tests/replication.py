@@ -1,1 +1,157 @@
-"""Tests: replication."""
+"""Tests: replication (the statistics of a held-out comparison, `compare`, greedy `eval`, the self-distilled corpus).
+
+The statistics are checked against the worked numbers in their docstrings; `compare` reads eval files written by
+hand in both formats (`eval`'s and a run's eval_round{N}.json) and by a real `eval` of the tiny model; `distill` runs
+the whole subcommand on the CPU with the real harness, a stubbed generator answering with golden kernels.
+"""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+
+def test_replication_bootstrap_ci_worked_numbers():
+    import kernelzero as kz
+    assert kz.bootstrap_ci([0, 1] * 20) == pytest.approx((0.5, 0.35, 0.65))
+    assert kz.bootstrap_ci([0.25] * 10) == (0.25, 0.25, 0.25)
+    spread = [i / 7 for i in range(7)]
+    assert kz.bootstrap_ci(spread, 50, seed=3) != kz.bootstrap_ci(spread, 50)   # the seed is used...
+    assert kz.bootstrap_ci(spread, seed=3) == kz.bootstrap_ci(spread, seed=3)   # ...and fixes the draws
+    mean, lo, hi = kz.bootstrap_ci([0, 1] * 20, alpha=0.5)   # a 50% interval is narrower than the 95% one
+    assert mean == 0.5 and 0.35 < lo < 0.5 < hi < 0.65
+    with pytest.raises(ValueError):
+        kz.bootstrap_ci([])
+
+
+def test_replication_paired_bootstrap_diff_worked_numbers():
+    import kernelzero as kz
+    before = [0, 0.25, 0.5, 0.75] * 10
+    after = [b + 0.125 for b in before]
+    assert kz.bootstrap_ci(before) == pytest.approx((0.375, 0.2875, 0.4625))
+    assert kz.bootstrap_ci(after) == pytest.approx((0.5, 0.4125, 0.5875))   # overlaps the interval before
+    assert kz.paired_bootstrap_diff(before, after) == pytest.approx((0.125, 0.125, 0.125))   # pairing: exact
+    assert kz.paired_bootstrap_diff([0, 0, 0, 1] * 10, [0, 1, 0, 1] * 10) == pytest.approx((0.25, 0.125, 0.4))
+    with pytest.raises(ValueError, match="same tasks"):
+        kz.paired_bootstrap_diff([0, 1], [0, 1, 1])
+
+
+def _task(correct, speedup):
+    """A per-task record as evaluate_coder writes it (only the fields compare reads, plus the count)."""
+    return dict(n=len(correct), correct=sum(correct), sample_correct=correct, sample_speedup=speedup)
+
+
+def test_replication_compare_intervals_and_paired_difference(tmp_path, capsys):
+    """compare: an `eval` directory (one file per level) against a run's eval_round file (both levels), tasks matched
+    by name whatever their order; numbers checked by hand; different task sets are a clear error."""
+    import kernelzero as kz
+    base = tmp_path / "base"
+    base.mkdir()
+    tasks1 = {f"t{i}": _task([False, False], [None, None]) for i in range(4)}
+    tasks1["t0"] = _task([True, False], [2.0, None])
+    tasks2 = {"u0": _task([False, False], [None, None]), "u1": _task([False, True], [None, 0.5])}
+    for level, tasks in ((1, tasks1), (2, tasks2)):
+        with open(base / f"eval_level{level}_triton.json", "w") as f:
+            json.dump({"config": {"level": level}, "model": "m", "temperature": 1.0, "tasks": tasks}, f)
+    after = {"round": 9, "samples": 2, "model": "m", "temperature": 1.0,
+             "level2": {"u1": _task([True, True], [1.0, 8.0]), "u0": _task([True, False], [2.0, None])},
+             "level1": {f"t{i}": _task([True, True], [4.0, 0.5]) for i in (3, 2, 1, 0)}}
+    with open(tmp_path / "after.json", "w") as f:
+        json.dump(after, f)
+    out = kz.cli(["compare", str(base), str(tmp_path / "after.json")])
+    b1, a1 = out["level1"]
+    assert b1["tasks"] == 4 and b1["samples"] == [2] and b1["pass1"][0] == 0.125 and b1["pass_k"] == 0.25
+    assert b1["fast_1"] == 1 / 8 and b1["geomean_speedup"] == 2.0 and b1["diff"] is None
+    assert a1["pass1"] == (1.0, 1.0, 1.0) and a1["pass_k"] == 1.0 and a1["fast_1"] == 0.5
+    assert a1["geomean_speedup"] == pytest.approx(math.sqrt(2.0))   # 4x and 0.5x per task: (4 * 0.5) ** (1 / 2)
+    # per task after - before: t0 0.5, t1..t3 1.0 -> mean 0.875; a resample of 4 tasks lies in [0.5, 1.0]
+    assert a1["diff"][0] == 0.875 and 0.5 <= a1["diff"][1] <= 0.875 <= a1["diff"][2] == 1.0
+    b2, a2 = out["level2"]
+    assert b2["pass1"][0] == 0.25 and a2["pass1"][0] == 0.75 and a2["diff"][0] == 0.5
+    assert b2["fast_1"] == 0 and b2["geomean_speedup"] == 0.5 and a2["fast_1"] == 0.5 and a2["diff"][1:] == (0.5, 0.5)
+    printed = capsys.readouterr().out
+    assert "| eval | samples | pass@1 [95% CI] | pass@2 |" in printed and "+0.875 [" in printed
+
+    del after["level2"]["u0"]
+    with open(tmp_path / "fewer.json", "w") as f:
+        json.dump(after, f)
+    with pytest.raises(SystemExit, match=r"level2: .* hold different tasks \(only in the first: \['u0'\]"):
+        kz.cli(["compare", str(base), str(tmp_path / "fewer.json")])
+    with pytest.raises(SystemExit, match="no eval_level"):
+        kz.cli(["compare", str(tmp_path), str(tmp_path / "after.json")])
+
+
+def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path, capsys):
+    """`eval --temperature 0` decodes greedily, so it evaluates one sample per task whatever --samples says; the file
+    records the model and temperature and every sample's verdict, and `compare` reads it (itself: a zero difference)."""
+    import kernelzero as kz
+    res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--level", "1", "--samples", "3", "--temperature", "0",
+                  "--eval-max-tasks", "2", "--run-dir", str(tmp_path)])
+    assert "1 sample per task" in capsys.readouterr().out
+    assert res["errors"] == {"format": 2} and "pass@3" not in res and res["pass@1_ci"] == [0.0, 0.0]
+    path = str(tmp_path / "eval_level1_triton.json")
+    with open(path) as f:
+        saved = json.load(f)
+    assert saved["model"] == "tiny" and saved["temperature"] == 0.0 and saved["config"]["samples"] == 1
+    for t in saved["tasks"].values():
+        assert t["n"] == 1 and t["sample_correct"] == [False] and t["sample_kind"] == ["format"]
+        assert t["sample_speedup"] == [None]
+    rows = kz.cli(["compare", path, path])["level1"]
+    assert rows[1]["diff"] == (0.0, 0.0, 0.0) and rows[0]["tasks"] == 2
+
+
+def test_replication_distill_keeps_distinct_verified_kernels(tmp_path, monkeypatch):
+    """distill on the CPU (real harness, Triton interpreter) with a generator that answers module 0 with its golden
+    kernel four ways (the golden one, the same with a comment, two distinct variants) and module 1 with no code or
+    module 0's kernel: module 0 keeps --distill-keep 2 distinct correct kernels, module 1 none; the file is the SFT
+    corpus format and the SFT warm start trains on it."""
+    import kernelzero as kz
+    from kernelbench_tasks import catalog, synth
+    drawn = []
+    real_generate_pairs = synth.generate_pairs
+
+    def generate_pairs(*args, **kwargs):
+        pairs, stats = real_generate_pairs(*args, **kwargs)
+        drawn.extend(pairs)
+        return pairs, stats
+
+    def rollout(model, tok, prompts, cfg, sampler=None, desc="", gpu_turn=None, on_chunk=None):
+        golden = drawn[0]["solution"]
+        answers = {drawn[0]["module"]: [golden, golden + "\n# the same kernel\n", golden + "\nKEEP = 1\n",
+                                        golden + "\nKEEP = 2\n"],
+                   drawn[1]["module"]: ["no code here", golden, "no code", "none"]}
+        seen = {}
+        completions = []
+        for p in prompts:
+            module = next(m for m in answers if m in p)
+            code = answers[module][seen.get(module, 0)]
+            seen[module] = seen.get(module, 0) + 1
+            completions.append(code if "class ModelNew" not in code else f"Here:\n```python\n{code}\n```")
+        with gpu_turn():
+            on_chunk(0, completions)
+        return {"completions": completions}
+
+    monkeypatch.setattr(synth, "generate_pairs", generate_pairs)
+    monkeypatch.setattr(kz, "rollout", rollout)
+    pairs, stats = kz.cli(["distill", "--preset", "tiny", "--device", "cpu", "--sft-pairs", "2", "--samples", "4",
+                           "--distill-keep", "2", "--eval-workers", "2", "--run-dir", str(tmp_path / "self")])
+    data = str(tmp_path / "self" / "pairs.jsonl")
+    assert len(drawn) == 2 and drawn[0]["kind"] != drawn[1]["kind"]
+    assert stats["errors"]["ok"] == 4 and stats["errors"]["format"] == 3 and sum(stats["errors"].values()) == 8
+    assert stats["kept"] == 2 and stats["modules_kept"] == 1 and stats["kept_by_kind"] == {drawn[0]["kind"]: 2}
+    with open(data) as f:
+        saved = [json.loads(line) for line in f]
+    assert saved == pairs and len(saved) == 2
+    assert catalog.normalized_source_hash(saved[0]["solution"]) == catalog.normalized_source_hash(drawn[0]["solution"])
+    assert "KEEP = 1" in saved[1]["solution"] and "KEEP = 2" not in saved[1]["solution"]
+    for p in saved:   # the templated corpus's fields, its module and APIs, the model's own kernel
+        assert {k: v for k, v in p.items() if k not in ("solution", "source")} == \
+            {k: v for k, v in drawn[0].items() if k != "solution"} and p["source"] == "self"
+    with open(tmp_path / "self" / "stats.json") as f:
+        assert json.load(f)["kept"] == 2
+
+    cfg = kz.Config(**{**kz.PRESETS["tiny"], "sft_data": data, "sft_dir": str(tmp_path / "sft"), "sft_steps": 1,
+                       "sft_batch": 2, "micro_batch": 2})
+    coder, proposer = kz.sft_warm_start(cfg, torch.device("cpu"), "cpu")
+    assert os.path.exists(os.path.join(coder, "config.json")) and os.path.exists(os.path.join(proposer, "config.json"))
