@@ -29,6 +29,8 @@ Run:
     python kernelzero.py --proposer-mode uniform          # ablation: uniform API sets, Proposer rewarded for validity
     python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]
     python kernelzero.py plot RUN_DIR [RUN_DIR ...]      # several: a method and its ablations on one figure
+    python kernelzero.py compare BEFORE AFTER [MORE ...]  # eval files or dirs: pass@1 95% CIs, paired differences
+    python kernelzero.py distill --sft-pairs 256 --samples 8 --run-dir D   # self-distilled SFT corpus D/pairs.jsonl
 """
 
 import argparse
