@@ -5,6 +5,7 @@ OUT/bench.jsonl (BENCHMARKS.md quotes them).
   python bench.py rollout --out runs/bench     # GPU machine: the trainer's rollouts against plain model.generate
   python bench.py train --out runs/bench       # GPU machine: the CA-GRPO update step, FLOP/s and peak memory
   python bench.py attention --out runs/bench   # GPU machine: one decode step's attention, per implementation
+  python bench.py models --out runs/bench      # named models before training: load time, Coder pass@k, Proposer validity
 
 `harness` needs a GPU, nvcc and ninja. On one H200 (16 cores) the whole run takes ~15 minutes; in pieces of < 10:
   python bench.py harness --sections cold,warm                                    # ~4 min
@@ -83,6 +84,7 @@ import math
 import multiprocessing
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -97,7 +99,7 @@ sys.path.insert(0, HERE)   # spawned workers import cuda_ext and eval_harness fr
 
 @dataclass
 class Config:
-    command: str = "harness"         # what to benchmark: harness, rollout or train
+    command: str = "harness"         # what to benchmark: harness, rollout, train, attention or models
     out: str = "runs/bench"          # results are appended to OUT/bench.jsonl
     sections: str = "cold,warm,throughput,stability"  # comma-separated subset of the harness sections to run
     cold_candidates: int = 5         # (a) different CUDA candidates, each built cold with fast and with plain
@@ -147,6 +149,13 @@ class Config:
     attention_variants: str = "sdpa_gqa,sdpa_gqa_compiled,matmul_decode_compiled,flex_compiled"  # attention: what
     #                                  is timed, comma-separated (see the docstring)
     attention_reps: int = 30         # attention: timed replays (GPU) or calls (CPU); median
+    models: str = "qwen-coder-0.5b"  # models: the model names measured (any kernelzero model name), comma-separated
+    models_backend: str = "triton"   # models: the kernel language the Coder writes
+    models_temperatures: str = "1.0,0.7,0"  # models: sampling temperatures of the held-out eval (0 = greedy, 1 sample)
+    models_levels: str = "1,2"       # models: held-out kernelbench_tasks levels
+    models_samples: int = 8          # models: kernels per task when sampling (pass@k for k <= it)
+    models_max_tasks: int = 0        # models: only the first N tasks per level (0 = all; the CPU test uses 1)
+    models_proposals: int = 64       # models: Proposer modules generated and validated (uniform API sets)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1101,9 +1110,77 @@ def bench_attention(cfg: Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# models: what a named model can do before any training (load time, the Coder on the held-out levels, the Proposer)
+
+def proposer_validity(policy, kcfg, ev, n: int, seed: int = 0) -> dict:
+    """The Proposer's validity rate on n proposals (uniform API sets, the trainer's prompt and validation, an empty
+    pool): the share of modules that pass kernelzero.validate_modules, the reasons for the rest, one example each."""
+    import kernelzero as kz
+    from eval_harness import extract_code
+    from kernelbench_tasks import catalog
+    rng = random.Random(seed)
+    api_sets = [catalog.sample_api_set(rng, kcfg.apis_per_set, {}) for _ in range(n)]
+    batch = kz.rollout(policy.model, policy.tok, [kz.proposer_prompt(catalog.render_api_set(a)) for a in api_sets],
+                       kcfg, policy.sampler, desc="proposals")
+    codes = [extract_code(c) for c in batch["completions"]]
+    valid, _, why, examples = kz.validate_modules(codes, api_sets, set(), ev)
+    return dict(proposals=n, valid_frac=sum(valid) / n, invalid=dict(collections.Counter(w for w in why if w)),
+                lint_examples=examples, first_answer=batch["completions"][0][:2000])
+
+
+def bench_models(cfg: Config) -> None:
+    """Per named model: load time (first: join + hash + dequantise when no dense copy exists; then cached), the Coder's
+    pass@1/pass@k, error kinds, fast_1 on the held-out levels at each temperature (0 = greedy, one sample), and the
+    Proposer's validity. Each eval is also written as OUT/eval_{model}_t{T}_level{L}.json in the format of
+    `kernelzero.py eval`, so that `kernelzero.py compare` reads it."""
+    import kernelzero as kz
+    from eval_harness import Evaluator
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    harness_device = device.type
+    rows = []
+    for name in cfg.models.split(","):
+        fresh = kz.model_problem(name) is None and not os.path.exists(os.path.join(kz.model_cache_dir(name), "dense"))
+        _, first_s, _ = clocked(torch.device("cpu"), kz.load_model, name)
+        _, cached_s, _ = clocked(torch.device("cpu"), kz.load_model, name)
+        record(cfg, "load", dict(model=name, first_s=first_s, first_was_fresh=fresh, cached_s=cached_s))
+        rows.append([name, "load", f"first {first_s:.1f} s ({'dequantised' if fresh else 'cached'}), "
+                     f"then {cached_s:.1f} s", "", "", ""])
+        kcfg = dataclasses.replace(trainer_config(device), backend=cfg.models_backend, coder_model=name,
+                                   proposer_model=name, eval_max_tasks=cfg.models_max_tasks)
+        policy = kz.make_policy(name, kcfg, kcfg.lr, device)
+        with Evaluator(backend=kcfg.backend, device=harness_device, progress=False) as ev:
+            for t in (float(x) for x in cfg.models_temperatures.split(",")):
+                tcfg = dataclasses.replace(kcfg, temperature=t, samples=1 if t == 0 else cfg.models_samples)
+                for level in (int(x) for x in cfg.models_levels.split(",")):
+                    torch.manual_seed(cfg.seed)
+                    res, wall_s, _ = clocked(device, kz.evaluate_coder, policy, tcfg, ev, level, tcfg.samples, "",
+                                             cfg.models_max_tasks)
+                    path = os.path.join(cfg.out, f"eval_{name}_t{t:g}_level{level}.json")
+                    with open(path, "w") as f:
+                        json.dump({"config": dataclasses.asdict(tcfg), "model": name, "temperature": t, **res}, f)
+                    summary = {k: v for k, v in res.items() if k != "tasks"}
+                    record(cfg, "eval", dict(model=name, temperature=t, level=level, samples=tcfg.samples,
+                                             tasks=len(res["tasks"]), wall_s=wall_s, **summary))
+                    rows.append([name, f"T={t:g} level {level}", f"{res['pass@1']:.3f} "
+                                 f"[{res['pass@1_ci'][0]:.3f}, {res['pass@1_ci'][1]:.3f}]",
+                                 f"{res.get(f'pass@{tcfg.samples}', res['pass@1']):.3f}", f"{res['fast_1']:.3f}",
+                                 json.dumps(res["errors"])])
+            torch.manual_seed(cfg.seed)
+            pv = proposer_validity(policy, kcfg, ev, cfg.models_proposals, cfg.seed)
+            record(cfg, "proposer", dict(model=name, temperature=kcfg.temperature, **pv))
+            rows.append([name, f"Proposer, {pv['proposals']} at T={kcfg.temperature:g}", f"valid {pv['valid_frac']:.2f}",
+                         "", "", json.dumps(pv["invalid"])])
+        del policy
+        free_memory(device)
+    table(f"models ({cfg.models_backend}; pass@k with k = samples; greedy = 1 sample)",
+          ["model", "what", "pass@1 [95% CI] / result", "pass@k", "fast_1", "error kinds"], rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # main
 
-COMMANDS = {"harness": bench_harness, "rollout": bench_rollout, "train": bench_train, "attention": bench_attention}
+COMMANDS = {"harness": bench_harness, "rollout": bench_rollout, "train": bench_train, "attention": bench_attention,
+            "models": bench_models}
 
 
 def parse_args(argv=None) -> Config:

@@ -229,3 +229,24 @@ def test_named_model_gguf_placed_by_hand_is_used_only_with_the_pinned_hash(fake_
     with pytest.raises(SystemExit, match="kzfake-part1 is missing"):
         kz.load_model("fake")
     assert _cache_files(kz) == []
+
+
+def test_bench_models_measures_load_eval_and_proposer(tmp_path):
+    """bench.py models on the CPU with the tiny model: a load record, one eval per (temperature, level) also written
+    in `kernelzero.py eval`'s file format, and a Proposer validity record whose counts add up."""
+    import json
+
+    import bench
+    import kernelzero as kz
+    bench.main(bench.parse_args(["models", "--models", "tiny", "--models-temperatures", "0,1.0", "--models-levels", "1",
+                                 "--models-samples", "2", "--models-max-tasks", "1", "--models-proposals", "3",
+                                 "--out", str(tmp_path)]))
+    rows = [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
+    assert [r["section"] for r in rows] == ["load", "eval", "eval", "proposer"]
+    greedy, sampled = rows[1], rows[2]
+    assert greedy["samples"] == 1 and sampled["samples"] == 2 and greedy["tasks"] == sampled["tasks"] == 1
+    assert sum(greedy["errors"].values()) == 1 and sum(sampled["errors"].values()) == 2
+    prop = rows[3]
+    assert prop["proposals"] == 3 and prop["valid_frac"] * 3 + sum(prop["invalid"].values()) == pytest.approx(3)
+    saved = kz.load_eval(str(tmp_path / "eval_tiny_t1_level1.json"))   # what `compare` reads
+    assert list(saved) == ["level1"] and len(next(iter(saved["level1"].values()))["sample_correct"]) == 2
