@@ -256,7 +256,7 @@ def config_problem(cfg):
         if cfg.backend == "cuda":
             return "--backend cuda needs a GPU: pass --backend triton (Triton kernels under the CPU interpreter)"
     for flag, name in (("--coder-model", cfg.coder_model), ("--proposer-model", cfg.proposer_model)):
-        why = model_problem(name) if "model_problem" in globals() else None   # (the Models section names it)
+        why = model_problem(name)
         if why:
             return f"{flag} {name}: {why}"
     return None
@@ -1584,16 +1584,52 @@ def harness_device_for(cfg, device):
     return "cuda" if torch.cuda.is_available() and device.type == "cuda" else "cpu"
 
 
-def console_line(rec):
+def _counts(counter):
+    return ", ".join(f"{n} {k}" for k, n in sorted(counter.items(), key=lambda kv: -kv[1]))
+
+
+def update_note(rec, role, cfg):
+    """What one phase's update did, in a few words: on how many GRPO groups, or why it trained nothing, with what the
+    samples scored ("coder: skipped, all 2 groups zero-std (0/8 correct; 8 format)")."""
+    if role == "coder":
+        errors = rec.get("coder/errors") or {}
+        n, size = sum(errors.values()), cfg.group_size
+        if not n:
+            return "coder: skipped, the pool is empty"
+        outcome = f"{errors.get('ok', 0)}/{n} correct" + (f"; {_counts({k: v for k, v in errors.items() if k != 'ok'})}"
+                                                          if n > errors.get("ok", 0) else "")
+    else:
+        n, size = cfg.api_sets_per_round * cfg.group_size_proposer, cfg.group_size_proposer
+        valid = round(rec.get("proposer/valid_frac", 0.0) * n)
+        outcome = f"{valid}/{n} valid" + (f"; {_counts(rec.get('proposer/invalid') or {})}" if valid < n else "")
+        if rec.get("proposer/unique_valid"):
+            outcome += f"; probe pass rate {rec['proposer/p_mean']:.2f}"
+    groups = n // size
+    flat = round(rec.get(f"{role}/frac_reward_zero_std", 0.0) * groups)
+    if f"{role}/loss" not in rec:
+        return f"{role}: skipped, all {groups} groups zero-std ({outcome})"
+    used = groups - flat if cfg.filter_zero_std else groups
+    return f"{role}: updated on {used} of {groups} groups ({outcome})"
+
+
+def console_line(rec, cfg=None):
+    """The round's line; with cfg, a line per phase saying what its update did or why it trained nothing."""
     def f(key, fmt):
         v = rec.get(key)
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
-    return (f"round {rec['round']:3d} | proposer valid {f('proposer/valid_frac', '.2f')} p {f('proposer/p_mean', '.2f')}"
+    kl = f" kl {f('coder/kl', '.4f')}" if cfg is None or cfg.kl_coef > 0 else ""   # 0 by configuration otherwise
+    speed = f" speedup {f('coder/speedup', '.2f')}" if "coder/speedup" in rec and rec["coder/speedup"] is not None \
+        or cfg is None or cfg.device != "cpu" else ""   # the CPU interpreter does not time kernels
+    gpu = f" gpu {f('gpu_peak_gb', '.1f')}GB" if "gpu_peak_gb" in rec else ""
+    line = (f"round {rec['round']:3d} | proposer valid {f('proposer/valid_frac', '.2f')} p {f('proposer/p_mean', '.2f')}"
             f" reward {f('proposer/reward_mean', '+.2f')} +{rec.get('proposer/added', 0)} pool {rec['pool_size']}"
-            f" | coder pass {f('coder/pass_rate', '.3f')} speedup {f('coder/speedup', '.2f')}"
+            f" | coder pass {f('coder/pass_rate', '.3f')}{speed}"
             f" reward {f('coder/reward_mean', '.3f')} zero-std {f('coder/frac_reward_zero_std', '.2f')}"
-            f" loss {f('coder/loss', '+.4f')} kl {f('coder/kl', '.4f')} clip {f('coder/clip_frac', '.3f')}"
-            f" | {f('time/round', '.0f')}s gpu {f('gpu_peak_gb', '.1f')}GB")
+            f" loss {f('coder/loss', '+.4f')}{kl} clip {f('coder/clip_frac', '.3f')}"
+            f" | {f('time/round', '.0f')}s{gpu}")
+    if cfg is not None:
+        line += "".join("\n  " + update_note(rec, role, cfg) for role in ("proposer", "coder"))
+    return line
 
 
 def held_out_eval(coder, cfg, ev, round_):
@@ -1619,18 +1655,39 @@ def append_metrics(metrics_path, state, rec):
     state["metrics_lines"] += 1
 
 
+# Measured wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
+CPU_DEFAULT_MINUTES = 10
+
+
+def plan(cfg, device):
+    """What a run is about to do, about how long it takes, where its results go: a newcomer's first screen."""
+    steps = []
+    if cfg.sft:
+        steps.append(f"SFT warm start of the Coder and the Proposer ({cfg.sft_steps} steps of {cfg.sft_batch} each, "
+                     f"skipped when {cfg.sft_dir or 'runs/sft_*'} already holds it)")
+    steps.append(f"{cfg.rounds} round(s) of Proposer/Coder training on the {device.type.upper()}, {cfg.backend} kernels")
+    if cfg.eval_every:
+        steps.append(f"a held-out eval every {cfg.eval_every} rounds")
+    fallback = device.type == "cpu" and all(getattr(cfg, k) == v for k, v in CPU_FALLBACK.items())
+    how_long = (f" It takes about {CPU_DEFAULT_MINUTES} min on 2 CPU cores (longer when the machine is busy)."
+                if fallback else "")
+    return (f"KernelZero: {'; '.join(steps)}.{how_long} Results go to {cfg.run_dir}/ (config.json, metrics.jsonl, "
+            f"checkpoints); coder: {cfg.coder_model}, proposer: {cfg.proposer_model}.")
+
+
 def main(cfg):
     """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR."""
     from eval_harness import Evaluator
     device = resolve_device(cfg)
     harness_device = harness_device_for(cfg, device)
-    print("config: " + json.dumps(dataclasses.asdict(cfg)))
     os.makedirs(cfg.run_dir, exist_ok=True)
     resuming = cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest"))
     if not cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest")):
         raise SystemExit(f"{cfg.run_dir} already holds a checkpoint: pass --resume, or a new --run-dir")
     with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1)
+    print(plan(cfg, device), flush=True)
+    t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     coder_src, proposer_src = cfg.coder_model, cfg.proposer_model
     if cfg.sft:
@@ -1661,7 +1718,13 @@ def main(cfg):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             rec = {"round": state["round"]}
+            n_props = cfg.api_sets_per_round * cfg.group_size_proposer
+            print(f"round {state['round']}: proposer writes {n_props} modules, the Coder probes each valid one "
+                  f"{cfg.k_probe} times, the Proposer updates ...", flush=True)
             rec.update(proposer_phase(proposer, coder, ev, state, cfg, device, times))
+            print(f"round {state['round']}: the Coder writes {cfg.group_size} kernels for each of "
+                  f"{min(cfg.modules_per_round, len(state['pool']))} pool modules, the harness checks them, "
+                  f"the Coder updates ...", flush=True)
             rec.update(coder_phase(coder, proposer, ev, state, cfg, device, times))
             rec["pool_size"] = len(state["pool"])
             if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
@@ -1671,15 +1734,21 @@ def main(cfg):
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
             append_metrics(metrics_path, state, rec)
-            print(console_line(rec))
+            print(console_line(rec, cfg))
             print("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
             state["round"] += 1
             t1 = time.perf_counter()
             save_checkpoint(cfg.run_dir, coder, proposer, state)
-            print(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s")
+            left = cfg.rounds - state["round"]
+            print(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s"
+                  + (f"; {left} round(s) left, about {left * rec['time/round'] / 60:.0f} min more" if left else ""),
+                  flush=True)
     for role, pol in (("coder", coder), ("proposer", proposer)):  # for `eval --coder-model RUN_DIR/coder`
         save_pretrained_atomic(pol, os.path.join(cfg.run_dir, role))
-    print(f"done: {cfg.run_dir}/metrics.jsonl; `python kernelzero.py plot {cfg.run_dir}` draws it")
+    print(f"done in {(time.perf_counter() - t_start) / 60:.1f} min. Results in {cfg.run_dir}/: metrics.jsonl (one line "
+          f"a round), coder/ and proposer/ (the trained models). Next: `python kernelzero.py plot {cfg.run_dir}` "
+          f"draws the curves; `python kernelzero.py eval --coder-model {cfg.run_dir}/coder --backend {cfg.backend}` "
+          f"scores the Coder on held-out tasks.")
     return state
 
 
@@ -1895,18 +1964,37 @@ def _finite(v):
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
+def _finite(v):
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def plot_runs(run_dirs):
     """Draw RUN_DIR/metrics.jsonl to RUN_DIR/metrics.png; several runs (a method and its ablations) go on the same
-    axes, one colour per run, to compare.png beside the first. Returns the path (None without matplotlib)."""
+    axes, one colour per run, to compare.png beside the first. A panel with no data, or with one value throughout
+    (KL with kl_coef 0), is left out and named under the figure. Returns the path (None without matplotlib or with
+    nothing to draw)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         print("plotting needs matplotlib: pip install matplotlib")
         return None
-    runs = {os.path.basename(os.path.normpath(d)): [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))
-                                                    if line.strip()] for d in run_dirs}
+    runs = {}
+    for d in run_dirs:
+        path = os.path.join(d, "metrics.jsonl")
+        if not os.path.isfile(path):
+            raise UsageError(f"{path} does not exist: pass a run directory (--run-dir of a training run)")
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+        if not rows:
+            print(f"{path} has no rounds yet (a run writes one line a finished round): left out")
+            continue
+        runs[os.path.basename(os.path.normpath(d))] = rows
+    if not runs:
+        print("nothing to plot")
+        return None
     panels = [("Coder pass rate", ["coder/pass_rate", "eval/level1/pass@1", "eval/level2/pass@1"]),
               ("Coder speedup (geomean, correct)", ["coder/speedup"]),
               ("Frontier difficulty p", ["proposer/p_mean"]),
@@ -1915,12 +2003,25 @@ def plot_runs(run_dirs):
               ("KL (k3)", ["coder/kl", "proposer/kl"]),
               ("Clip fraction", ["coder/clip_frac", "proposer/clip_frac"]),
               ("Zero-std groups", ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std"])]
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
-    for ax, (title, keys) in zip(axes.flat, panels):
+    drawn, left_out = [], []
+    for title, keys in panels:
+        values = {r[k] for rows in runs.values() for r in rows for k in keys if _finite(r.get(k))}
+        if title.startswith("Frontier"):
+            values |= {p for rows in runs.values() for r in rows for p in r.get("proposer/pass_rates") or []}
+        if len(values) > 1:
+            drawn.append((title, keys))
+        else:
+            left_out.append(f"{title} ({'no data' if not values else f'{values.pop():g} throughout'})")
+    rows_n = max(1, math.ceil(len(drawn) / 4))
+    cols = max(1, math.ceil(len(drawn) / rows_n))   # 5 panels: 2 x 3, not 2 x 4 with three empty
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 4.2 * rows_n), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(drawn):]:
+        ax.set_axis_off()
+    for ax, (title, keys) in zip(axes.flat, drawn):
         for i, (name, rows) in enumerate(runs.items()):
             prefix = f"{name}: " if len(runs) > 1 else ""
             for key, style in zip(keys, ("-", "--", ":")):   # colour = run, line style = metric
-                pts = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+                pts = [(r["round"], r[key]) for r in rows if _finite(r.get(key))]
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=prefix + key)
             if title.startswith("Frontier"):  # each probed module's pass rate: the distribution behind the mean
@@ -1930,14 +2031,29 @@ def plot_runs(run_dirs):
                                label=prefix + "proposer/pass_rates (modules)")
         ax.set_title(title)
         ax.set_xlabel("round")
-        if ax.lines or ax.collections:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # rounds are whole numbers
+        # the legend goes below the axes, where it covers no curve; with several runs it names the metrics only
+        # (line styles), and one legend above the panels names the runs (colours)
+        handles, labels = ax.get_legend_handles_labels()
+        if len(runs) > 1:
+            shown = [k for k in keys if any(lab.endswith(": " + k) for lab in labels)]
+            handles = [Line2D([], [], color="black", linestyle=st) for k, st in zip(keys, ("-", "--", ":")) if k in shown]
+            labels = shown + (["modules' pass rates (dots)"] if ax.collections else [])
+            handles += [Line2D([], [], color="grey", marker="o", linestyle="", alpha=0.5)] if ax.collections else []
+        if len(labels) > 1:   # (one metric: the title names it)
+            ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False,
+                      handlelength=3)
+    if len(runs) > 1:
+        fig.legend([Line2D([], [], color=f"C{i}", lw=3) for i in range(len(runs))], list(runs), loc="outside upper center",
+                   ncols=len(runs), frameon=False)
+    if left_out:
+        fig.supxlabel("not drawn: " + "; ".join(left_out), fontsize=8)
     first = os.path.normpath(run_dirs[0])
-    path = os.path.join(first, "metrics.png") if len(runs) == 1 else os.path.join(os.path.dirname(first), "compare.png")
+    path = os.path.join(first, "metrics.png") if len(run_dirs) == 1 else os.path.join(os.path.dirname(first),
+                                                                                      "compare.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (f" ({len(drawn)} panels; not drawn: {'; '.join(left_out)})" if left_out else ""))
     return path
 
 

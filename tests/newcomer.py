@@ -97,3 +97,53 @@ def test_newcomer_harness_check_says_speedup_runtime_and_why(tmp_path, capsys, m
         assert capsys.readouterr().out.splitlines() == lines, name
     assert eh.main(["check", str(ref), str(cand), "--device", "cpu", "--backend", "triton", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["error_kind"] == "reward_hack"   # --json is unchanged
+
+
+def test_newcomer_console_says_why_a_round_trained_nothing():
+    import kernelzero as kz
+    cfg = kz.Config(preset="tiny", device="cpu", backend="triton", api_sets_per_round=2, group_size_proposer=2,
+                    group_size=4, modules_per_round=2)
+    idle = {"round": 0, "pool_size": 4, "proposer/valid_frac": 0.0, "proposer/invalid": {"format": 3, "lint: runs": 1},
+            "proposer/frac_reward_zero_std": 1.0, "proposer/reward_mean": -1.0, "coder/errors": {"format": 8},
+            "coder/pass_rate": 0.0, "coder/frac_reward_zero_std": 1.0, "coder/reward_mean": 0.0, "time/round": 300.0}
+    lines = kz.console_line(idle, cfg).splitlines()
+    assert lines[1:] == ["  proposer: skipped, all 2 groups zero-std (0/4 valid; 3 format, 1 lint: runs)",
+                         "  coder: skipped, all 2 groups zero-std (0/8 correct; 8 format)"]
+    assert " kl " not in lines[0] and " gpu " not in lines[0]   # kl_coef 0, no GPU: nothing to show
+    trained = {**idle, "proposer/valid_frac": 0.5, "proposer/invalid": {"format": 2}, "proposer/unique_valid": 2,
+               "proposer/p_mean": 0.25, "proposer/frac_reward_zero_std": 0.0, "proposer/loss": 0.1,
+               "coder/errors": {"ok": 1, "format": 5, "compile": 2}, "coder/frac_reward_zero_std": 0.5,
+               "coder/loss": 0.01}
+    assert kz.console_line(trained, cfg).splitlines()[1:] == [
+        "  proposer: updated on 2 of 2 groups (2/4 valid; 2 format; probe pass rate 0.25)",
+        "  coder: updated on 1 of 2 groups (1/8 correct; 5 format, 2 compile)"]
+    assert kz.console_line({**idle, "coder/errors": {}}, cfg).endswith("coder: skipped, the pool is empty")
+
+
+def test_newcomer_plot_says_what_it_leaves_out(tmp_path, capsys):
+    import kernelzero as kz
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "metrics.jsonl").write_text("")
+    assert kz.cli(["plot", str(empty)]) is None   # no blank panels: a sentence instead
+    assert "has no rounds yet" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        kz.cli(["plot", str(tmp_path / "missing")])
+    assert e.value.code == 2
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"round": r, "coder/pass_rate": 0.1 * r, "coder/kl": 0.0, "proposer/kl": 0.0, "coder/clip_frac": 0.0}
+            for r in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    import matplotlib.figure
+    saved = []
+    with pytest.MonkeyPatch.context() as mp:
+        real = matplotlib.figure.Figure.savefig
+        mp.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig) or real(fig, *a, **k))
+        assert kz.cli(["plot", str(run)]) == str(run / "metrics.png")
+    out = capsys.readouterr().out
+    assert "KL (k3) (0 throughout)" in out and "Rewards (no data)" in out
+    drawn = [ax for ax in saved[0].axes if ax.axison]
+    assert [ax.get_title() for ax in drawn] == ["Coder pass rate"]   # the one panel that changes
+    ticks = [t for t in drawn[0].get_xticks() if 0 <= t <= 2]
+    assert ticks and all(float(t).is_integer() for t in ticks)   # whole rounds only
