@@ -1964,10 +1964,6 @@ def _finite(v):
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def _finite(v):
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
 def plot_runs(run_dirs):
     """Draw RUN_DIR/metrics.jsonl to RUN_DIR/metrics.png; several runs (a method and its ablations) go on the same
     axes, one colour per run, to compare.png beside the first. A panel with no data, or with one value throughout
