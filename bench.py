@@ -85,6 +85,7 @@ import multiprocessing
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -112,6 +113,12 @@ class Config:
     timing_budget_s: float = 0.5     # (c) the harness's timing budget per candidate (its default is 2.0)
     gpu_workers: int = 8             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
+    round_tasks: int = 16            # (e) tasks of the round-shaped batch (golden Triton solutions' tasks)
+    round_samples: int = 8           # (e) candidates per task (5 correct, 1 wrong, 1 not compiling, 1 raising)
+    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on the
+    #                                  same batch in the same call ("" : the current harness with share_reference
+    #                                  off and the fixed timing budget stands in for it)
+    round_timing: str = ""           # (e) timing options of the new harness, "key=value,..." (e.g. timing_ci=0.02)
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
     # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
@@ -629,6 +636,130 @@ def bench_stability(cfg: Config, tag: str) -> None:
     record(cfg, "stability", {"runs": [dataclasses.asdict(r) for r in runs], "max_over_min_speedup": spread})
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# (e) a round-shaped batch: 16 tasks x 8 samples of Triton candidates, new harness against an older one
+
+ROUND_TASKS = [("level1", n) for n in ("001_Relu", "002_Gelu", "003_Silu", "004_Tanh", "005_Sigmoid", "006_LeakyRelu",
+                                       "007_Softplus", "008_SumDim", "009_MaxDim", "010_Softmax", "011_LogSoftmax",
+                                       "012_LayerNorm", "013_RMSNorm", "014_SquareMatmul", "015_CumSum")] + \
+    [("level2", n) for n in ("003_AddMulTanh", "005_SiluMulSum", "004_ResidualRMSNorm")]
+
+_ROUND_WRAP = '''
+
+@triton.jit
+def _kz_scale(p, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(p + offs, tl.load(p + offs, mask=mask) * 1.01 + 0.01, mask=mask)
+
+
+_kz_forward = ModelNew.forward
+
+
+def _kz_{kind}(self, *args):
+    out = _kz_forward(self, *args)
+    {body}
+    return out
+
+
+ModelNew.forward = _kz_{kind}
+'''
+
+
+def round_candidates(tag: str, tasks: int, samples: int) -> list[tuple[str, str, str]]:
+    """(ref_src, cand_src, label) for `tasks` x `samples` Triton candidates: per task, samples 0-4 are the golden
+    solution (correct; each with its own tag in the kernel source, so Triton's cache never serves one), 5 scales the
+    output after the real kernel (a mismatch), 6 is cut off mid-file (a syntax error: an answer that hit the token
+    limit), 7 launches a kernel with a null pointer (a runtime error). Labels: ok / wrong / fail."""
+    root = os.path.join(HERE, "kernelbench_tasks")
+    out = []
+    for level, name in ROUND_TASKS[:tasks]:
+        with open(os.path.join(root, level, name + ".py")) as f:
+            ref = f.read()
+        with open(os.path.join(root, "solutions", level, name + "_triton.py")) as f:
+            gold = f.read()
+        for i in range(samples):
+            # the tag goes inside the first kernel's body: Triton's cache key is the function's source from `def`
+            src = re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf"\1    # kz-bench {tag}-{name}-{i}\n", gold, count=1)
+            kind = ["ok"] * 5 + ["wrong", "fail", "raise"]
+            k = kind[i % len(kind)]
+            if k == "wrong":
+                src += _ROUND_WRAP.format(kind="wrong", body="_kz_scale[(triton.cdiv(out.numel(), 1024),)](out, "
+                                                            "out.numel(), BLOCK=1024)")
+            elif k == "raise":
+                src += _ROUND_WRAP.format(kind="raise", body="_kz_scale[(1,)](None, 1, BLOCK=1024)")
+            elif k == "fail":
+                src = src[: int(len(src) * 0.8)]
+            out.append((ref, src, {"raise": "fail"}.get(k, k)))
+    return out
+
+
+def _harness_module(directory: str):
+    """eval_harness from `directory` (its workers import it from there too), under its own module name."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("eval_harness_baseline", os.path.join(directory, "eval_harness.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _peak_rss_gb() -> float:
+    """Peak resident memory of this process and its (waited-for) children, GB."""
+    import resource
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
+
+
+def bench_round(cfg: Config, tag: str) -> None:
+    import eval_harness
+    pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples)
+    extra = {k: float(v) if "." in v or v.isdigit() else v
+             for k, v in (kv.split("=") for kv in cfg.round_timing.split(",") if kv)}
+    runs = {}
+    if cfg.round_baseline:
+        old = _harness_module(cfg.round_baseline)
+        runs["baseline"] = (old, {})
+    else:
+        runs["baseline"] = (eval_harness, {"share_reference": False, **getattr(eval_harness, "FIXED_TIMING", {})})
+    runs["new"] = (eval_harness, extra)
+    summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
+    for name, (module, opts) in runs.items():
+        t0 = time.perf_counter()
+        with module.Evaluator(backend="triton", gpu_workers=cfg.gpu_workers, progress=False, **opts) as ev:
+            results = ev.map([(r, c) for r, c, _ in pairs])
+        wall = time.perf_counter() - t0
+        spent = collections.Counter()
+        for r in results:
+            spent.update(r.details.get("phase_s", {}))
+            spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
+        summary[name] = {"wall_s": wall, "opts": opts, "kinds": [r.error_kind for r in results],
+                         "speedups": [r.speedup for r in results], "runtime_ms": [r.runtime_ms for r in results],
+                         "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
+                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb()}
+        agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
+        rows.append([name, len(pairs), wall, len(pairs) / wall, f"{agree}/{len(pairs)}",
+                     sum(r.error_kind == "ok" for r in results)])
+        print(f"{name}: seconds summed over candidates: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()))
+        for i, ((_, _, label), r) in enumerate(zip(pairs, results)):
+            if coarse(r.error_kind) != label:
+                print(f"{name} #{i} ({ROUND_TASKS[i // cfg.round_samples][1]}): labelled {label}, "
+                      f"harness says {r.error_kind}: {r.error[:200]!r}")
+    base, new = summary["baseline"], summary["new"]
+    same = sum(a == b for a, b in zip(base["kinds"], new["kinds"]))
+    ratios = sorted(n / b for n, b in zip(new["speedups"], base["speedups"]) if n and b)
+    summary.update(same_verdicts=same, speedup_ratio_min=ratios[0] if ratios else None,
+                   speedup_ratio_max=ratios[-1] if ratios else None,
+                   speedup_ratio_median=ratios[len(ratios) // 2] if ratios else None,
+                   within_5pct=sum(abs(r - 1) <= 0.05 for r in ratios), timed=len(ratios),
+                   wall_ratio=base["wall_s"] / new["wall_s"])
+    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} Triton candidates; verdicts "
+          f"equal {same}/{len(pairs)}; new/old speedup per correct kernel: median "
+          f"{summary['speedup_ratio_median']}, {summary['within_5pct']}/{len(ratios)} within 5%; wall "
+          f"{summary['wall_ratio']:.2f}x faster",
+          ["harness", "candidates", "seconds", "verdicts/s", "coarse=label", "ok"], rows)
+    record(cfg, "round", summary)
+
+
 def bench_harness(cfg: Config) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench.py harness needs a CUDA GPU (and nvcc, ninja): run it on the GPU machine")
@@ -641,6 +772,8 @@ def bench_harness(cfg: Config) -> None:
         bench_throughput(cfg, tag)
     if "stability" in sections:
         bench_stability(cfg, tag)
+    if "round" in sections:
+        bench_round(cfg, tag)
     print(f"\nbench.py harness: {time.perf_counter() - t0:.0f} s; results appended to {cfg.out}/bench.jsonl")
 
 

@@ -126,6 +126,10 @@ DEFAULTS = dict(
     ref_timeout=300.0,       # limit in s for loading the reference and computing its outputs
     memory_limit_gb=8.0,     # RLIMIT_AS of CPU-mode workers: a memory bomb fails instead of swapping the machine
     max_trial_gb=4.0,        # host memory for stored trial inputs/outputs; tasks above it get fewer trials
+    share_reference=None,    # a task's candidates in one map call share its trials and eager timing (one job per
+                             # task); None: on a GPU only (on the CPU a job's extra worker costs more than it saves)
+    host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
+    gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )
 
 
@@ -316,17 +320,39 @@ _BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_har
 
 
 class _Worker:
-    """One spawned process in its own session; runs exactly one job, then it and its process group are killed."""
+    """One spawned process in its own session; runs exactly one job, then it and its process group are killed.
+
+    Its stdout and stderr (the candidate's prints, faulthandler's traceback) go to a pipe that a parent thread drains,
+    keeping only the last TAIL_BYTES for error messages: a candidate that prints a lot (4 MB per call, called hundreds
+    of times while timed) neither fills a file up to the worker's file-size limit ("File too large") nor blocks on a
+    full pipe. Only the candidate's own behaviour decides its verdict."""
+
+    TAIL_BYTES = 64 * 1024
 
     def __init__(self, env: dict):
-        self.dir = tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs, the log
+        self.dir = tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs
         self.conn, child = multiprocessing.Pipe()
         boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
-        with open(os.path.join(self.dir, "worker.log"), "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], cwd=self.dir, env=env,
-                                         pass_fds=[child.fileno()], start_new_session=True,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], cwd=self.dir, env=env,
+                                     pass_fds=[child.fileno()], start_new_session=True,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         child.close()
+        self.tail, self.output_bytes = collections.deque(), 0
+        self.drain = threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True)
+        self.drain.start()
+
+    def _drain(self, pipe) -> None:
+        """Read the worker's output until EOF, keeping the last TAIL_BYTES (and the total count)."""
+        kept = 0
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := pipe.read1(65536):
+                self.tail.append(chunk)
+                kept += len(chunk)
+                self.output_bytes += len(chunk)
+                while kept - len(self.tail[0]) >= self.TAIL_BYTES:
+                    kept -= len(self.tail.popleft())
+        with contextlib.suppress(OSError):
+            pipe.close()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -334,15 +360,14 @@ class _Worker:
         self.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):   # (a process stuck in the GPU driver: do not hang)
             self.proc.wait(timeout=60)
+        self.drain.join(timeout=5)   # (EOF once the group is dead; a child that escaped it may hold the pipe open)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def log_tail(self, n: int = 1200) -> str:
-        with contextlib.suppress(OSError), open(os.path.join(self.dir, "worker.log"), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n))
-            return f.read().decode(errors="replace")
-        return ""
+        """The last n bytes the worker printed (stdout and stderr)."""
+        self.drain.join(timeout=2)   # a dead worker's last words are still in the pipe
+        return b"".join(list(self.tail))[-n:].decode(errors="replace")
 
 
 class _Pool:
@@ -414,6 +439,55 @@ class _Gate:
             self.cond.notify_all()
 
 
+class _Memory:
+    """Admission by bytes, host and per GPU: the harness never runs more evaluations at once than memory holds.
+
+    A job asks for (host bytes, device bytes) before it makes or receives its trials: its worker estimates them from
+    the task's input sizes (_memory_need), or the parent knows them from the shared reference's measured sizes. It is
+    admitted when its bytes fit in what is free, or when no other admitted job is running (a job larger than the
+    whole budget still runs, alone). held() counts memory the parent itself keeps (the shared references' trials)."""
+
+    def __init__(self, host_bytes: int, gpu_bytes: dict):
+        self.cond = threading.Condition()
+        self.total = {"host": int(host_bytes), **{gpu: int(b) for gpu, b in gpu_bytes.items()}}
+        self.free = dict(self.total)
+        self.running = 0
+
+    def acquire(self, need: dict) -> dict:
+        need = {key: min(int(v), self.total[key]) for key, v in need.items() if key in self.total and v > 0}
+        with self.cond:
+            self.cond.wait_for(lambda: self.running == 0 or all(self.free[k] >= v for k, v in need.items()))
+            for key, v in need.items():
+                self.free[key] -= v
+            self.running += 1
+        return need
+
+    def release(self, granted: dict) -> None:
+        with self.cond:
+            for key, v in granted.items():
+                self.free[key] += v
+            self.running -= 1
+            self.cond.notify_all()
+
+    def hold(self, nbytes: int) -> None:
+        """The parent keeps nbytes of host memory (no waiting: the bytes exist already)."""
+        with self.cond:
+            self.free["host"] -= int(nbytes)
+
+    def unhold(self, nbytes: int) -> None:
+        with self.cond:
+            self.free["host"] += int(nbytes)
+            self.cond.notify_all()
+
+
+def _host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (the physical memory size where there is none)."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/meminfo") as f:
+            return int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _gpu_lock_path(gpu: int) -> str | None:
     """The machine-wide lock file of GPU `gpu` (an index into this process's visible devices), named by the GPU's
     UUID so that processes with different CUDA_VISIBLE_DEVICES agree; under $KZ_CACHE_DIR (default
@@ -432,18 +506,39 @@ def _gpu_lock_path(gpu: int) -> str | None:
     return path
 
 
-def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None) -> dict:
+def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None, memory: _Memory | None = None,
+             gpu: int | None = None) -> dict:
     """Send one job and wait for its result; each phase the worker announces gets its own time limit. The worker asks
-    for its GPU through `gate` (no gate: granted at once); time spent waiting there counts against no limit.
-    Adds details["phase_s"] (seconds per phase, waits excluded) and details["gpu_wait_s"]."""
-    phase, held, held_fd, waited = "startup", None, None, 0.0
+    for its GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and
+    on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
+    counts against no limit. A job's "pack_buffers" (a shared reference's tensors) follow the job as raw bytes; a
+    reference job's pack comes back the same way (reply["pack"]). Adds details["phase_s"] (seconds per phase, waits
+    excluded), details["gpu_wait_s"], and details["mem_wait_s"] when the job waited for memory."""
+    phase, held, held_fd, waited, mem_waited, granted = "startup", None, None, 0.0, 0.0, None
     deadline = time.monotonic() + limits[phase]
-    clock, phase_s = time.monotonic(), collections.Counter()
+    clock, phase_s, pack = time.monotonic(), collections.Counter(), None
+    buffers, known = job.get("pack_buffers") or [], job.get("mem")
+    job = {k: v for k, v in job.items() if k not in ("pack_buffers", "mem")}
+
+    def admit(host: int, device: int) -> float:
+        """Wait for (host, device) bytes; returns the seconds waited. Device bytes are host bytes without a GPU."""
+        nonlocal granted
+        start = time.monotonic()
+        if memory is not None and granted is None:
+            on_gpu = gpu is not None and gpu in memory.total
+            granted = memory.acquire({"host": host, gpu: device} if on_gpu else {"host": host + device})
+        return time.monotonic() - start
 
     def finish(reply: dict) -> dict:
         phase_s[phase] += time.monotonic() - clock
         reply.setdefault("details", {}).update(phase_s={k: round(v, 3) for k, v in phase_s.items()},
                                                gpu_wait_s=round(waited, 3))
+        if mem_waited > 0.01:
+            reply["details"]["mem_wait_s"] = round(mem_waited, 3)
+        if worker.output_bytes > _Worker.TAIL_BYTES:
+            reply["details"]["output_bytes"] = worker.output_bytes
+        if pack is not None and reply.get("error_kind") == "ok":
+            reply["pack"] = pack
         return reply
 
     try:
@@ -456,7 +551,14 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
             try:
                 message = worker.conn.recv()
                 if message[0] == "ready":
+                    if known:   # sizes measured already (a shared reference): admitted before it is sent
+                        wait = admit(*known)
+                        mem_waited, deadline, clock = mem_waited + wait, deadline + wait, clock + wait
                     worker.conn.send(job)
+                    for buf in buffers:
+                        worker.conn.send_bytes(buf)
+                elif message[0] == "pack":   # a reference job's trials, one raw message per tensor
+                    pack = {"meta": message[1], "buffers": [_recv_raw(worker.conn) for _ in message[1]["tensors"]]}
             except (EOFError, OSError):
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     worker.proc.wait(timeout=5)
@@ -469,15 +571,22 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 phase_s[phase] += time.monotonic() - clock
                 phase, clock = message[1], time.monotonic()
                 deadline = clock + limits[phase]
-            elif message[0] == "gpu":   # release what the worker holds, then wait for the mode it asks for
+            elif message[0] in ("gpu", "mem"):   # wait for the GPU turn / the memory the worker asks for
                 start = time.monotonic()
-                if gate:
+                if message[0] == "mem":
+                    admit(message[1], message[2])
+                elif gate:   # release what the worker holds, then wait for the mode it asks for
                     if held:
                         gate.release(held, held_fd)
                     held_fd = gate.acquire(message[1])
-                held = message[1]
+                if message[0] == "gpu":
+                    held = message[1]
                 wait = time.monotonic() - start
-                waited, deadline, clock = waited + wait, deadline + wait, clock + wait
+                if message[0] == "mem":
+                    mem_waited += wait
+                else:
+                    waited += wait
+                deadline, clock = deadline + wait, clock + wait
                 with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
                     worker.conn.send(("go",))
             elif message[0] == "result":
@@ -486,6 +595,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
         if gate and held:
             gate.release(held, held_fd)
         worker.kill()
+        if memory is not None and granted is not None:   # (after the kill: the worker's memory is gone then)
+            memory.release(granted)
 
 
 def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
@@ -522,7 +633,8 @@ def _worker_main(fd: int) -> None:
     conn.send(("ready", os.getpid()))
     job = conn.recv()
     try:
-        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn)
+        result = {"compile": _job_compile, "evaluate": _job_evaluate, "reference": _job_reference,
+                  "lint": _job_lint}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
         result = {"error_kind": _classify(e), "error": _format_exception(e)}
     conn.send(("result", result))
@@ -988,28 +1100,18 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         model = cls(*init_inputs).to(device)
         return model.to(dtype) if dtype else model
 
-    # 1. the reference, before any candidate code exists in this process
+    # 1. the reference, before any candidate code exists in this process: made here, or received from the parent
+    # (a task's candidates in one map call share one reference job's trials and eager timing, _job_reference)
     send(("phase", "reference"))
-    # The GPU turn: other candidates may check correctness on this GPU meanwhile, none may time ("alone": a rerun
-    # after an OOM). A timer waits for every holder, so the trials' inputs are made on the host first (CPU work, ~2 s
-    # for a 256 MB task); a reference that mentions cuda may make them on the GPU and takes its turn at once.
     turn = "exclusive" if job.get("alone") else "shared"
-    inputs_on_gpu = "cuda" in job["ref_src"]
-    if inputs_on_gpu:
-        _gpu_turn(conn, turn)
     try:
-        clock = time.monotonic()
-        ref = _load_module(job["ref_src"], "kz_reference")
-        del sys.modules["kz_reference"]   # the candidate cannot find it by name
-        init_inputs = ref.get_init_inputs()
-        draws = _trial_inputs(ref, opts, details)
-        details["ref_inputs_s"] = _since(clock)
-        if not inputs_on_gpu:
+        if "pack" in job:
+            ref, init_inputs, trials, ref_mutates = _receive_reference(job, conn, details)
             _gpu_turn(conn, turn)
-        clock = time.monotonic()
-        ref_model = build(ref.Model, init_inputs)
-        trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details)
-        details["ref_outputs_s"] = _since(clock)
+            ref_model, ref_ms = None, job["pack"]["ref_ms"]
+        else:
+            ref, init_inputs, ref_model, trials, ref_mutates = _reference(job, conn, details, build, turn)
+            ref_ms = None
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
@@ -1094,10 +1196,12 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         _gpu_turn(conn, "exclusive")   # nothing else runs on this GPU while we time
         clock = time.monotonic()
         try:
-            times = _time_models({"ref": ref_model, "cand": cand_model}, trials, device, opts["timing_budget_s"],
-                                 checked="cand", tol=(atol, rtol))
+            models = {"cand": cand_model} if ref_ms else {"ref": ref_model, "cand": cand_model}
+            times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(atol, rtol))
         except Exception as e:
             return failed(_classify(e), _format_exception(e))
+        if ref_ms:   # the shared reference's eager times (its own job, same trials, same method, the GPU alone)
+            times["ref"] = ref_ms
         hit = instr.verify()
         if hit:
             return failed("reward_hack", hit[1], hit[0])
@@ -1110,7 +1214,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
                        host_median_ms=_median(times["host"]))
         result.update(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
                       speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
-        if opts["compile_baseline"]:   # after verify(): torch.compile starts threads and compile processes
+        if opts["compile_baseline"] and ref_model is not None:   # after verify(): torch.compile starts threads
             try:
                 compiled = torch.compile(ref_model)
                 ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"])["compiled"])
@@ -1118,6 +1222,199 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             except Exception as e:   # the baseline is optional: report, do not fail the candidate
                 details["compile_baseline_error"] = _truncate(_format_exception(e), 300)
     return result
+
+
+def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> tuple:
+    """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
+    Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
+    check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). A timer waits for
+    every holder, so the trials' inputs are made on the host first (CPU work, ~2 s for a 256 MB task); a reference
+    that mentions cuda may make them on the GPU and takes its turn first."""
+    device, opts = torch.device(job["device"]), job["opts"]
+    inputs_on_gpu = "cuda" in job["ref_src"]
+    clock = time.monotonic()
+    ref = _load_module(job["ref_src"], "kz_reference")
+    del sys.modules["kz_reference"]   # the candidate cannot find it by name
+    per_input = None if inputs_on_gpu else _input_bytes_on_meta(ref, opts)
+    _ask_memory(conn, *_memory_need(per_input, per_input, opts, device.type), details)
+    if inputs_on_gpu:
+        _gpu_turn(conn, turn)
+    init_inputs = ref.get_init_inputs()
+    draws = _trial_inputs(ref, opts, details)
+    details["ref_inputs_s"] = _since(clock)
+    if not inputs_on_gpu:
+        _gpu_turn(conn, turn)
+    clock = time.monotonic()
+    ref_model = build(ref.Model, init_inputs)
+    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details)
+    details["ref_outputs_s"] = _since(clock)
+    return ref, init_inputs, ref_model, trials, ref_mutates
+
+
+def _input_bytes_on_meta(ref, opts: dict) -> int | None:
+    """Bytes of one trial's inputs, from get_inputs() run on the meta device (no data is made); None if it cannot
+    run there (e.g. it calls .cuda() or names a device)."""
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            inputs = list(ref.get_inputs())
+        if not all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)):
+            return None
+        size = 2 if opts["dtype"] in ("float16", "bfloat16") else None
+        return sum(x.numel() * (size if size and x.is_floating_point() else x.element_size())
+                   for x in inputs if isinstance(x, torch.Tensor))
+    except Exception:
+        return None
+
+
+def _memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
+                 stored: int | None = None) -> tuple[int, int]:
+    """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
+    stored trials (max_trial_gb caps them), the heavy trial's temporaries, and on the device the candidate's input
+    copies, outputs, comparison temporaries and timing sets. `stored`: bytes of trials already made (a shared
+    reference: no temporaries). Unknown sizes (None) are taken as max_trial_gb."""
+    cap = opts["max_trial_gb"] * 2**30
+    if per_input is None:
+        per_input = per_output = cap / 4
+    one = per_input + (per_input if per_output is None else per_output)
+    if stored is None:
+        n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
+        host = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
+    else:
+        host = stored
+    on_device = 4 * one + 2 * per_input + 2**28   # copies, outputs twice, compare temporaries; timing sets, L2 flush
+    return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
+
+
+def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
+    """Wait until the parent admits this job's memory (_Memory); granted at once without a budget."""
+    details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
+    conn.send(("mem", host, device))
+    conn.recv()
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor sits in a shared reference's trials (the tensors themselves travel as raw bytes)."""
+    index: int
+
+
+def _strip_tensors(x, tensors: list):
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+        return _Slot(len(tensors) - 1)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_strip_tensors(y, tensors) for y in x)
+    return x
+
+
+def _fill_tensors(x, tensors: list):
+    if isinstance(x, _Slot):
+        return tensors[x.index]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_fill_tensors(y, tensors) for y in x)
+    return x
+
+
+def _storage_bytes(t: torch.Tensor) -> memoryview:
+    """A tensor's whole storage as bytes (views keep their strides and offset: _tensor_from)."""
+    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return memoryview(raw.numpy()) if raw.numel() else memoryview(b"")
+
+
+def _tensor_from(buf: bytearray, spec: tuple) -> torch.Tensor:
+    dtype, size, stride, offset = spec
+    raw = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+    return raw.view(getattr(torch, dtype)).as_strided(size, stride, offset)
+
+
+def _send_raw(conn: Connection, buf) -> None:
+    conn.send_bytes(buf)
+
+
+def _recv_raw(conn: Connection) -> bytearray:
+    """One send_bytes message read straight into a bytearray (Connection.recv_bytes would hold it twice)."""
+    fd = conn.fileno()
+
+    def read_into(view: memoryview) -> None:
+        while len(view):
+            n = os.readv(fd, [view])
+            if n == 0:
+                raise EOFError("the connection closed during a transfer")
+            view = view[n:]
+
+    header = bytearray(4)
+    read_into(memoryview(header))
+    size = int.from_bytes(header, "big", signed=True)
+    if size == -1:   # (multiprocessing's header for messages over 2 GB)
+        header = bytearray(8)
+        read_into(memoryview(header))
+        size = int.from_bytes(header, "big")
+    buf = bytearray(size)
+    read_into(memoryview(buf))
+    return buf
+
+
+def _job_reference(job: dict, conn: Connection) -> dict:
+    """A task's reference work, done once for all of its candidates in a map call: trials (inputs and reference
+    outputs) and, on a GPU with timing, the eager reference timed alone, exactly as a candidate job times it. The
+    trials go to the parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent hands each
+    candidate its own copy before the candidate is imported (_receive_reference)."""
+    device, opts, details = torch.device(job["device"]), job["opts"], {}
+    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
+
+    def build(cls, init_inputs):
+        torch.manual_seed(opts["seed"])
+        model = cls(*init_inputs).to(device)
+        return model.to(dtype) if dtype else model
+
+    conn.send(("phase", "reference"))
+    try:
+        _, _, ref_model, trials, ref_mutates = _reference(job, conn, details, build, "shared")
+    except Exception as e:
+        details["stage"] = "reference"
+        return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
+    ref_ms = None
+    if device.type == "cuda" and opts["timing"]:
+        conn.send(("phase", "run"))
+        _gpu_turn(conn, "exclusive")
+        clock = time.monotonic()
+        try:
+            ref_ms = _time_models({"ref": ref_model}, trials, device, opts["timing_budget_s"])["ref"]
+        except Exception as e:
+            return _fail(_classify(e), "timing the reference failed: " + _format_exception(e), details)
+        details["ref_timing_s"] = _since(clock)
+    tensors = []
+    skeleton = _strip_tensors([[tr["inputs"], tr["out"], tr["heavy"]] for tr in trials], tensors)
+    buffers = [_storage_bytes(t) for t in tensors]
+    meta = {"trials": skeleton, "ref_mutates": ref_mutates, "ref_ms": ref_ms,
+            "tensors": [(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.stride(), t.storage_offset())
+                        for t in tensors],
+            "nbytes": sum(len(b) for b in buffers),
+            "trial_bytes": [_nbytes(trials[0]["inputs"]), _nbytes(_tensors(trials[0]["out"]))],
+            "details": {k: details[k] for k in ("heavy_trial", "trials_capped", "ref_inputs_s", "ref_outputs_s",
+                                                "ref_timing_s") if k in details}}
+    conn.send(("pack", meta))
+    for buf in buffers:
+        _send_raw(conn, buf)
+    return {"error_kind": "ok", "details": details}
+
+
+def _receive_reference(job: dict, conn: Connection, details: dict) -> tuple:
+    """A candidate job's reference from a shared reference job: the task module is loaded as in _reference (same
+    files, same init inputs), the trials arrive from the parent as raw bytes, into this process's own memory,
+    before the candidate exists. Returns (module, init_inputs, trials, mutates)."""
+    pack = job["pack"]
+    clock = time.monotonic()
+    buffers = [_recv_raw(conn) for _ in pack["tensors"]]
+    tensors = [_tensor_from(buf, spec) for buf, spec in zip(buffers, pack["tensors"])]
+    trials = [{"inputs": inputs, "out": out, "heavy": heavy}
+              for inputs, out, heavy in _fill_tensors(pack["trials"], tensors)]
+    ref = _load_module(job["ref_src"], "kz_reference")
+    del sys.modules["kz_reference"]   # the candidate cannot find it by name
+    init_inputs = ref.get_init_inputs()
+    details.update(pack["details"], shared_reference=True, ref_receive_s=_since(clock))
+    return ref, init_inputs, trials, pack["ref_mutates"]
 
 
 def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
@@ -1306,6 +1603,36 @@ def _to_result(d: dict) -> KernelResult:
                    compile_s=d.get("compile_s"), details=d.get("details", {}))
 
 
+class _SharedReference:
+    """One task's reference work in a map call, shared by its `candidates`: made by the first of them that asks (a
+    "reference" job on a worker), kept in the parent (counted in the host memory budget) until the last is done.
+    The pack is None when the reference job failed: then every candidate makes its own, as without sharing, and
+    gets the same verdict it always got."""
+
+    def __init__(self, candidates: int):
+        self.lock, self.made, self.pack, self.left, self.held = threading.Lock(), False, None, candidates, 0
+
+    def get(self, run, job: dict, evaluator) -> dict | None:
+        with self.lock:
+            if not self.made:
+                self.made = True
+                reply = run(dict(job, kind="reference"))
+                if isinstance(reply, dict) and reply.get("error_kind") == "ok" and "pack" in reply:
+                    self.pack, self.held = reply["pack"], reply["pack"]["meta"]["nbytes"]
+                    if evaluator.memory is not None:
+                        evaluator.memory.hold(self.held)
+            return self.pack
+
+    def done(self, memory) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.pack = None
+                if memory is not None and self.held:
+                    memory.unhold(self.held)
+                self.held = 0
+
+
 class Evaluator:
     """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
     fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
@@ -1331,7 +1658,7 @@ class Evaluator:
             raise ValueError(f"gpu_workers must be >= 1, not {gpu_workers}")
         self.gpu_workers = gpu_workers
         self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
-        self.pools, self.gates, self.start_lock = None, {}, threading.Lock()
+        self.pools, self.gates, self.start_lock, self.memory = None, {}, threading.Lock(), None
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
                        "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}
 
@@ -1350,6 +1677,15 @@ class Evaluator:
         if self.gpus and self.backend == "triton":   # Triton on a GPU has no CPU stage: boot no idle CPU workers
             cpu_spare = 0
         self.pools = {"cpu": _Pool(cpu_env, cpu_spare)}
+        host = self.opts["host_memory_gb"]
+        gpu_bytes = {}
+        for gpu in self.gpus:
+            budget = self.opts["gpu_memory_gb"]
+            if budget is None:
+                own = torch.cuda.memory_reserved(gpu) if torch.cuda.is_initialized() else 0
+                budget = (0.85 * torch.cuda.get_device_properties(gpu).total_memory - own) / 2**30
+            gpu_bytes[gpu] = budget * 2**30
+        self.memory = _Memory(host * 2**30 if host is not None else 0.7 * _host_available_bytes(), gpu_bytes)
         for gpu in self.gpus:
             env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
@@ -1358,32 +1694,60 @@ class Evaluator:
             self.gates[gpu] = _Gate(_gpu_lock_path(gpu))
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
-        return _to_result(_run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
+        return _to_result(self._run_raw(pool, job))
 
-    def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool) -> KernelResult:
-        early = _precheck(cand_src, self.backend)
+    def _run_raw(self, pool: str | int, job: dict) -> dict:
+        return _run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
+                        pool if isinstance(pool, int) else None)
+
+    def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
+                      early: KernelResult | None = None, shared=None) -> KernelResult:
         if early:
             return early
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
                "device": self.device, "opts": self.opts}
         if not self.gpus:
-            with cpu_slots:
-                return self._run("cpu", job)
+            return self._with_reference(job, shared, lambda job: self._on_cpu(job, cpu_slots))
         # A single candidate has nothing to overlap; Triton compiles at the first launch, i.e. on the GPU worker
         if not two_stage or self.backend == "triton":
-            return self._on_gpu(job, free_gpus)
+            return self._with_reference(job, shared, lambda job: self._on_gpu(job, free_gpus))
         with cpu_slots:   # stage 1: build/import on a CPU worker (fills the extension cache)
             built = self._run("cpu", dict(job, kind="compile"))
         if built.error_kind != "ok":
+            if shared:
+                shared.done(self.memory)
             return built
-        result = self._on_gpu(job, free_gpus)   # stage 2: a fresh process on a GPU, the import is a cache hit
-        result.details.update(run_stage_compile_s=result.compile_s)
+        result = self._with_reference(job, shared, lambda job: self._on_gpu(job, free_gpus))   # stage 2: a fresh
+        result.details.update(run_stage_compile_s=result.compile_s)   # process on a GPU, the import is a cache hit
         result.compile_s = built.compile_s
         return result
 
-    def _on_gpu(self, job: dict, free_gpus: queue.Queue) -> KernelResult:
+    def _on_cpu(self, job: dict, cpu_slots) -> KernelResult | dict:
+        with cpu_slots:
+            return self._run_raw("cpu", job) if job["kind"] == "reference" else self._run("cpu", job)
+
+    def _with_reference(self, job: dict, shared, run) -> KernelResult:
+        """run(job) with the task's shared reference attached when there is one (made by the first candidate of the
+        task that gets here); without one, or if the reference job failed, the candidate makes its own."""
+        if shared is None:
+            return run(job)
+        try:
+            pack = shared.get(lambda ref_job: run(ref_job), job, self)
+            if pack is not None:
+                meta, buffers = pack["meta"], pack["buffers"]
+                job = dict(job, pack={k: meta[k] for k in ("trials", "ref_mutates", "ref_ms", "tensors", "details")},
+                           pack_buffers=buffers,
+                           mem=_memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
+                                            stored=meta["nbytes"]))
+            return run(job)
+        finally:
+            shared.done(self.memory)
+
+    def _on_gpu(self, job: dict, free_gpus: queue.Queue) -> KernelResult | dict:
         gpu = free_gpus.get()
         try:
+            if job["kind"] == "reference":
+                return self._run_raw(gpu, job)
             result = self._run(gpu, job)
             # Candidates sharing a GPU share its memory: one that runs out may be the victim of another's memory
             # bomb, so it gets a second run with the GPU to itself before its verdict stands.
@@ -1425,9 +1789,18 @@ class Evaluator:
             free_gpus.put(gpu)
         bar = tqdm(total=len(pairs), disable=not self.progress, desc=f"eval {self.backend}/{self.device}")
 
+        early = [_precheck(cand, self.backend) for _, cand in pairs]
+        # candidates of one task (a GRPO group, an eval's samples) share its reference work: one job per task
+        tasks = collections.Counter(ref for (ref, _), e in zip(pairs, early) if e is None)
+        share = self.opts["share_reference"]
+        share = bool(self.gpus) if share is None else share and not self.opts["compile_baseline"]
+        shared = {ref: _SharedReference(n) for ref, n in tasks.items() if share and n > 1}
+
         def one(i):
             try:
-                results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1)
+                results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
+                                                early=early[i], shared=shared.get(pairs[i][0]) if early[i] is None
+                                                else None)
             except Exception as e:   # a harness bug must not lose the other results
                 results[i] = _result("runtime", "harness error: " + _format_exception(e))
             bar.update(1)

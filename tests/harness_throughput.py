@@ -1,1 +1,160 @@
-"""Tests: harness_throughput."""
+"""Tests: harness_throughput (issue 16): a task's reference work shared by its candidates, memory admission, the
+bounded output tail of a worker."""
+import os
+import threading
+import time
+
+import eval_harness as eh
+
+
+def _t():
+    import test_kernelzero as t
+    return t
+
+
+def test_harness_shared_reference_gives_the_same_verdicts():
+    """Candidates of one task share one reference job's trials: the verdicts and checks are those of unshared
+    evaluation; a candidate that writes to its inputs (its own copy) changes nothing for the next one."""
+    t = _t()
+    mutation = t.CASES["input_mutation"][1]
+    pairs = [(t.RELU_TASK, mutation), (t.RELU_TASK, t.GOOD_RELU), (t.RELU_TASK, t.WRONG),
+             (t.RELU_TASK, t.CASES["reference_globals_edit"][1]), (t.RELU_TASK, t.CASES["cache_by_data_ptr"][1]),
+             (t.RELU_TASK, None), (t.ADD_TASK, t.GOOD_ADD), (t.CE_TASK, t.GOOD_CE), (t.CE_TASK, t.WRONG),
+             (t.RELU_TASK, t.GOOD_RELU)]
+    runs = {}
+    for share in (True, False):
+        with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False,
+                          share_reference=share) as ev:
+            runs[share] = ev.map(pairs)
+    verdicts = {share: [(r.error_kind, r.details.get("check")) for r in rs] for share, rs in runs.items()}
+    assert verdicts[True] == verdicts[False], verdicts
+    assert verdicts[True][:3] == [("reward_hack", "input_mutation"), ("ok", None), ("mismatch", None)]
+    assert verdicts[True][-1] == ("ok", None)
+    shared = runs[True]
+    assert shared[1].details["shared_reference"] and shared[-1].details["shared_reference"]
+    assert shared[1].details["trials"] == eh.DEFAULTS["trials"] + 1 and shared[1].details["heavy_trial"]
+    assert "shared_reference" not in shared[6].details   # ADD_TASK has one candidate: nothing to share
+    assert not any(r.details.get("shared_reference") for r in runs[False])
+
+
+def test_harness_shared_reference_keeps_strides_dtypes_and_python_values():
+    """The trials travel as raw bytes: non-contiguous inputs, integer tensors and plain Python arguments arrive as
+    they were made."""
+    t = _t()
+    task = '''import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x, idx, scale):
+        return x * scale + idx.float().sum()
+
+def get_inputs():
+    return [torch.randn(64, 32).t(), torch.randint(0, 5, (7,)), 2.5]
+
+def get_init_inputs():
+    return []
+'''
+    cand = t._HEADER + '''
+@triton.jit
+def k(x_ptr, y_ptr, s0, s1, cols, n, scale, add, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    r, c = offs // cols, offs % cols
+    x = tl.load(x_ptr + r * s0 + c * s1, mask=mask)
+    tl.store(y_ptr + offs, x * scale + add, mask=mask)
+
+class ModelNew(nn.Module):
+    def forward(self, x, idx, scale):
+        assert x.stride() == (1, 32), x.stride()   # the transposed view arrives as a view
+        assert idx.dtype == torch.int64 and isinstance(scale, float)
+        y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        add = 0.0
+        for i in range(idx.shape[0]):
+            add += int(idx[i])
+        k[(triton.cdiv(x.numel(), 256),)](x, y, x.stride(0), x.stride(1), x.shape[1], x.numel(), scale, add,
+                                           BLOCK=256)
+        return y
+'''
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, share_reference=True) as ev:
+        results = ev.map([(task, cand)] * 2)
+    for r in results:
+        assert r.details.get("shared_reference"), r.details
+        assert r.error_kind in ("ok", "reward_hack"), (r.error_kind, r.error)   # (int(idx[i]) is an .item())
+        assert "AssertionError" not in r.error
+
+
+def test_harness_memory_admission_waits_and_never_deadlocks():
+    """_Memory admits a job when its bytes fit, or alone when nothing else runs (a job larger than the budget)."""
+    mem = eh._Memory(100, {0: 50})
+    a = mem.acquire({"host": 60, 0: 10})
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(mem.acquire({"host": 60})))
+    waiter.start()
+    time.sleep(0.3)
+    assert not got   # 60 + 60 > 100: waits
+    mem.release(a)
+    waiter.join(5)
+    assert got == [{"host": 60}]
+    mem.release(got[0])
+    huge = mem.acquire({"host": 10**12, 0: 10**12})   # larger than the budget: admitted alone, capped
+    assert huge == {"host": 100, 0: 50}
+    mem.release(huge)
+    mem.hold(90)   # the parent keeps a shared reference: a job that no longer fits still runs when none else does
+    assert mem.acquire({"host": 50}) == {"host": 50}
+    assert mem.free["host"] == -40
+
+
+def test_harness_memory_budget_serialises_evaluations_and_says_so():
+    """With a host budget for about one evaluation at a time, candidates wait for memory (details["mem_wait_s"])
+    and still get their verdicts."""
+    t = _t()
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, host_memory_gb=0.3) as ev:
+        results = ev.map([(t.RELU_TASK, t.GOOD_RELU), (t.ADD_TASK, t.GOOD_ADD), (t.RELU_TASK, t.WRONG)])
+    assert [r.error_kind for r in results] == ["ok", "ok", "mismatch"], [r.error for r in results]
+    assert all(r.details["mem_need_mb"][0] > 0 for r in results)
+    assert any(r.details.get("mem_wait_s", 0) > 0 for r in results), [r.details.get("mem_wait_s") for r in results]
+
+
+def test_harness_memory_estimate_from_meta_inputs():
+    """A worker estimates a task's bytes from get_inputs() on the meta device, before any data exists."""
+    class Ref:
+        @staticmethod
+        def get_inputs():
+            import torch
+            return [eh.torch.randn(4096, 393216), 3]   # 6.4 GB, never allocated
+    per_input = eh._input_bytes_on_meta(Ref, eh.DEFAULTS)
+    assert per_input == 4096 * 393216 * 4
+    host, device = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
+    assert host >= 4 * per_input and device >= 4 * per_input   # one trial + the heavy one, inputs and outputs
+
+
+def test_harness_loud_candidate_keeps_its_verdict_and_the_tail_of_its_output():
+    """A correct candidate that prints a lot is still ok (its output is drained, only the tail is kept); a crash's
+    message ends with the last thing the worker printed."""
+    t = _t()
+    loud = t.GOOD_RELU.replace("def forward(self, x):\n", "def forward(self, x):\n        print('x' * 2**20)\n")
+    assert loud != t.GOOD_RELU
+    crash = t._harness_relu("print('last words before the crash', flush=True)\nimport os\nos._exit(3)")
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        ok, crashed = ev.map([(t.RELU_TASK, loud), (t.RELU_TASK, crash)])
+    assert ok.error_kind == "ok", ok.error
+    assert ok.details["output_bytes"] >= 8 * 2**20
+    assert crashed.error_kind == "crash" and "last words before the crash" in crashed.error, crashed.error
+
+
+def test_harness_worker_output_tail_is_bounded():
+    """The drain keeps the last TAIL_BYTES of what a worker prints and counts the rest."""
+    import collections
+    worker = object.__new__(eh._Worker)
+    worker.tail, worker.output_bytes = collections.deque(), 0
+    r, w = os.pipe()
+    total = 50 * eh._Worker.TAIL_BYTES
+    writer = threading.Thread(target=lambda: (os.write(w, b"x" * (total - 4) + b"END!"), os.close(w)))
+    writer.start()
+    worker._drain(os.fdopen(r, "rb"))
+    writer.join()
+    kept = sum(len(chunk) for chunk in worker.tail)
+    assert worker.output_bytes == total and eh._Worker.TAIL_BYTES <= kept < eh._Worker.TAIL_BYTES + 65536
+    worker.drain = threading.Thread(target=lambda: None)
+    worker.drain.start()
+    assert worker.log_tail(6) == "xx" + "END!"
