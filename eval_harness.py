@@ -119,7 +119,10 @@ DEFAULTS = dict(
     dtype=None,              # e.g. "float16": cast floating inputs and both models; None keeps the task's dtypes
     seed=0,                  # models are built after torch.manual_seed(seed); trial t uses seed + 1 + t
     timing=True,             # time reference and candidate (GPU only; CPU timing fields stay None)
-    timing_budget_s=2.0,     # wall time spent on timing reps (30..300 reps)
+    timing_budget_s=2.0,     # ceiling on the wall time of timing reps (fixed rule: the time spent, 30..300 reps)
+    timing_adaptive=True,    # reps until every timed median's 95% confidence interval is within timing_ci
+    timing_ci=0.02,          # (adaptive) the interval's width relative to the median
+    timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
     compile_timeout=None,    # import/build limit in s; None: 600 for CUDA (cold nvcc builds), 120 for Triton
     run_timeout=300.0,       # limit in s for the candidate's trials + timing
@@ -1197,7 +1200,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         clock = time.monotonic()
         try:
             models = {"cand": cand_model} if ref_ms else {"ref": ref_model, "cand": cand_model}
-            times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(atol, rtol))
+            times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(atol, rtol),
+                                 **_timing_rule(opts))
         except Exception as e:
             return failed(_classify(e), _format_exception(e))
         if ref_ms:   # the shared reference's eager times (its own job, same trials, same method, the GPU alone)
@@ -1209,7 +1213,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")
         ref_ms, cand_ms = times["ref"], times["cand"]
-        details.update(timing_s=_since(clock), reps=len(cand_ms),
+        details.update(timing_s=_since(clock), reps=len(cand_ms), ref_reps=len(ref_ms),
+                       median_ci=round(_median_ci_width(cand_ms), 4), ref_median_ci=round(_median_ci_width(ref_ms), 4),
                        mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
                        host_median_ms=_median(times["host"]))
         result.update(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
@@ -1380,7 +1385,8 @@ def _job_reference(job: dict, conn: Connection) -> dict:
         _gpu_turn(conn, "exclusive")
         clock = time.monotonic()
         try:
-            ref_ms = _time_models({"ref": ref_model}, trials, device, opts["timing_budget_s"])["ref"]
+            rule = _timing_rule(opts)
+            ref_ms = _time_models({"ref": ref_model}, trials, device, opts["timing_budget_s"], **rule)["ref"]
         except Exception as e:
             return _fail(_classify(e), "timing the reference failed: " + _format_exception(e), details)
         details["ref_timing_s"] = _since(clock)
@@ -1450,9 +1456,11 @@ def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> di
 
 
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
-                 tol: tuple = (0.0, 0.0)) -> dict:
+                 tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
-    Returns {name: list of ms}; the `checked` model's outputs are compared with the reference on random reps."""
+    Returns {name: list of ms}; the `checked` model's outputs are compared with the reference on random reps.
+    `adaptive`: reps (at least min_reps) until every model's median has a 95% confidence interval narrower than
+    `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule (budget_s spent, 30..300 reps)."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
     sets = [(_to_device(tr["inputs"], device), tr["out"]) for tr in trials[:2]]   # alternate values between reps
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -1480,15 +1488,35 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     for rep in range(3):   # warm-up (Triton JIT, cuBLAS heuristics, torch.compile, allocator)
         for name in names:
             once(name, rep)
-    estimate = sum(once(name, 0)[1] for name in names) + 0.5 * len(names)
-    reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
+    if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
+        deadline, reps, rep = time.monotonic() + budget_s, 300, 0
+    else:          # the fixed rule: the budget spent, 30..300 reps
+        estimate = sum(once(name, 0)[1] for name in names) + 0.5 * len(names)
+        reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
     for rep in range(reps):   # interleaved; rotate who goes first
         for name in names[rep % len(names):] + names[: rep % len(names)]:
             event_ms, host_ms = once(name, rep)
             times[name].append(event_ms)
             if name == checked:
                 times["host"].append(host_ms)
+        if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
+            if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
+                break
     return times
+
+
+def _median_ci_width(xs: list) -> float:
+    """Width of the distribution-free 95% confidence interval of the median (order statistics), relative to it."""
+    xs, n = sorted(xs), len(xs)
+    k = max(0, int((n - 1.96 * n ** 0.5) / 2))
+    return (xs[n - 1 - k] - xs[k]) / max(xs[n // 2], 1e-9)
+
+
+def _timing_rule(opts: dict) -> dict:
+    return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"]}
+
+
+FIXED_TIMING = {"timing_adaptive": False}   # the options that restore the fixed budget (bench.py's stand-in baseline)
 
 
 def _median(xs: list) -> float:

@@ -158,3 +158,78 @@ def test_harness_worker_output_tail_is_bounded():
     worker.drain = threading.Thread(target=lambda: None)
     worker.drain.start()
     assert worker.log_tail(6) == "xx" + "END!"
+
+
+def test_harness_median_ci_width():
+    """The adaptive timing's stopping rule: the distribution-free 95% interval of the median, relative to it."""
+    assert eh._median_ci_width([1.0] * 20) == 0.0
+    noisy = [1.0 + 0.1 * ((i * 7) % 10) for i in range(20)]   # 1.0 .. 1.9
+    assert 0.3 < eh._median_ci_width(noisy) < 1.0
+    assert eh._median_ci_width(noisy * 10) < eh._median_ci_width(noisy)   # more reps: a narrower interval
+    assert eh.DEFAULTS["timing_adaptive"] and eh.DEFAULTS["timing_ci"] == 0.02
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU
+
+import pytest  # noqa: E402
+
+_gpu = pytest.mark.skipif(not eh.torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_shared_reference_and_adaptive_timing_agree_with_the_old_rule():
+    """On the GPU: a group of one task shares its reference (trials and eager timing); verdicts equal those of the
+    unshared, fixed-budget harness, speedups agree within 5%, and the adaptive rule stops well before 300 reps."""
+    t = _t()
+    task = t.GPU_RELU_TASK
+    pairs = [(task, t.GOOD_RELU)] * 4 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1])]
+    runs = {}
+    for name, opts in {"new": {}, "old": {"share_reference": False, **eh.FIXED_TIMING}}.items():
+        with eh.Evaluator(backend="triton", progress=False, **opts) as ev:
+            runs[name] = ev.map(pairs)
+    new, old = runs["new"], runs["old"]
+    assert [r.error_kind for r in new] == [r.error_kind for r in old] == ["ok"] * 4 + ["mismatch", "reward_hack"]
+    for n, o in zip(new[:4], old[:4]):
+        assert n.details["shared_reference"] and "shared_reference" not in o.details
+        assert abs(n.speedup / o.speedup - 1) < 0.05, (n.speedup, o.speedup)
+        assert n.details["reps"] < 300 and n.details["median_ci"] <= eh.DEFAULTS["timing_ci"] + 1e-9, n.details
+    print("speedups new", [round(r.speedup, 3) for r in new[:4]], "old", [round(r.speedup, 3) for r in old[:4]],
+          "reps new", [r.details["reps"] for r in new[:4]], "old", [r.details["reps"] for r in old[:4]])
+
+
+BIG_TASK = '''import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.{op}(x)
+
+def get_inputs():
+    return [torch.randn(4096, 393216)]   # 6.4 GB, the size of official KernelBench level-1 inputs
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.gpu
+@_gpu
+@pytest.mark.skipif(os.environ.get("KZ_HARNESS_BIG") != "1", reason="KZ_HARNESS_BIG=1: minutes, ~100 GB of host memory")
+def test_harness_gpu_big_inputs_all_ok_within_memory():
+    """8 correct kernels of 6.4 GB-input tasks in one map call all come back ok: admission keeps the host and the
+    GPU within memory (some wait for it), and the peak host memory is reported."""
+    import resource
+    t = _t()
+    tanh = t.GOOD_RELU.replace("tl.maximum(x, 0.0)", "2.0 * tl.sigmoid(2.0 * x) - 1.0")
+    assert tanh != t.GOOD_RELU
+    pairs = [(BIG_TASK.format(op="relu"), t.GOOD_RELU)] * 4 + [(BIG_TASK.format(op="tanh"), tanh)] * 4
+    start = time.time()
+    with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.5) as ev:
+        results = ev.map(pairs)
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
+    print(f"8 big candidates: {time.time() - start:.0f} s, peak RSS (parent + largest worker) {peak:.1f} GB, waits",
+          [r.details.get("mem_wait_s") for r in results], [r.error_kind for r in results])
+    assert [r.error_kind for r in results] == ["ok"] * 8, [(r.error_kind, r.error[:300]) for r in results]
