@@ -28,8 +28,12 @@ How it departs from KernelBench's own eval (src/eval.py)
      a small allowlist of glue ops), a snapshot of the harness's own references (allclose, timers, TF32 flags, ...)
      verified after every candidate phase, and a thread count.
   5. Timing (GPU only): CUDA events with a device-wide synchronize before the end event, a 256 MB L2 flush before
-     every rep, fresh input copies per rep (outputs spot-checked), reference and candidate interleaved in one
-     process under no_grad; medians reported (means in details for KernelBench comparisons).
+     every rep, fresh input copies per rep (outputs spot-checked), under no_grad, the GPU held alone; medians
+     reported (means in details for KernelBench comparisons). Adaptive: reps until the median's distribution-free
+     95% confidence interval is within timing_ci (2%) of it, at least timing_min_reps (20), at most 300 reps or
+     timing_budget_s (the reward uses clip(ln s): a few percent is enough). A task's candidates in one map call
+     share its eager timing, measured once the same way in the task's reference job (share_reference); a lone
+     candidate times reference and candidate interleaved in its own process.
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
@@ -51,6 +55,16 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
+  - Shared reference work: the candidates of one task in one map call (a GRPO group, an eval's samples) get their
+    trials (inputs and reference outputs) and eager timing from one "reference" job. The parent keeps the trials
+    as raw bytes and sends each candidate's worker its own copy through its pipe before the candidate is imported:
+    no file a candidate could read or rewrite, nothing a candidate does reaches the next one's trials. The worker
+    still loads the task module (same files, same init inputs). A failed reference job: each candidate makes its own.
+  - Memory admission (_Memory): before a job makes or receives its trials it is admitted by its bytes, host and
+    GPU (estimated from get_inputs() on the meta device, or measured by the shared reference job); a job waits
+    while they do not fit (details["mem_wait_s"]), and one larger than the whole budget runs alone.
+  - A worker's stdout/stderr go through a pipe; the parent keeps the last 64 KB for error messages, so a candidate
+    that prints a lot is judged by what it computes, not by a log file's size limit.
   - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline: a build directory keyed by
     sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR (default ~/.cache/kernelzero), so cache hits across
     runs and no lock fights between different candidates; a precompiled header; torch's plain build as fallback.
