@@ -715,13 +715,11 @@ def bench_round(cfg: Config, tag: str) -> None:
     pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples)
     extra = {k: float(v) if "." in v or v.isdigit() else v
              for k, v in (kv.split("=") for kv in cfg.round_timing.split(",") if kv)}
-    runs = {}
+    runs = {"new": (eval_harness, extra)}   # the new harness first: its number stands even if a call is cut short
     if cfg.round_baseline:
-        old = _harness_module(cfg.round_baseline)
-        runs["baseline"] = (old, {})
+        runs["baseline"] = (_harness_module(cfg.round_baseline), {})
     else:
         runs["baseline"] = (eval_harness, {"share_reference": False, **getattr(eval_harness, "FIXED_TIMING", {})})
-    runs["new"] = (eval_harness, extra)
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
     for name, (module, opts) in runs.items():
         t0 = time.perf_counter()
@@ -739,7 +737,10 @@ def bench_round(cfg: Config, tag: str) -> None:
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
         rows.append([name, len(pairs), wall, len(pairs) / wall, f"{agree}/{len(pairs)}",
                      sum(r.error_kind == "ok" for r in results)])
-        print(f"{name}: seconds summed over candidates: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()))
+        print(f"{name}: {wall:.1f} s for {len(pairs)} candidates ({agree}/{len(pairs)} as labelled, "
+              f"{rows[-1][-1]} ok, peak RSS {summary[name]['peak_rss_gb']:.1f} GB); seconds summed over candidates: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()), flush=True)
+        record(cfg, f"round_{name}", summary[name])
         for i, ((_, _, label), r) in enumerate(zip(pairs, results)):
             if coarse(r.error_kind) != label:
                 print(f"{name} #{i} ({ROUND_TASKS[i // cfg.round_samples][1]}): labelled {label}, "
