@@ -166,7 +166,7 @@ def test_harness_median_ci_width():
     noisy = [1.0 + 0.1 * ((i * 7) % 10) for i in range(20)]   # 1.0 .. 1.9
     assert 0.3 < eh._median_ci_width(noisy) < 1.0
     assert eh._median_ci_width(noisy * 10) < eh._median_ci_width(noisy)   # more reps: a narrower interval
-    assert eh.DEFAULTS["timing_adaptive"] and eh.DEFAULTS["timing_ci"] == 0.02
+    assert eh.DEFAULTS["timing_ci"] == 0.02
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -179,14 +179,14 @@ _gpu = pytest.mark.skipif(not eh.torch.cuda.is_available(), reason="needs a CUDA
 
 @pytest.mark.gpu
 @_gpu
-def test_harness_gpu_shared_reference_and_adaptive_timing_agree_with_the_old_rule():
-    """On the GPU: a group of one task shares its reference (trials and eager timing); verdicts equal those of the
-    unshared, fixed-budget harness, speedups agree within 5%, and the adaptive rule stops well before 300 reps."""
+def test_harness_gpu_shared_reference_agrees_with_unshared():
+    """On the GPU: a group of one task shares its reference's trials; verdicts equal those of the unshared harness
+    and speedups agree within 5%."""
     t = _t()
     task = t.GPU_RELU_TASK
     pairs = [(task, t.GOOD_RELU)] * 4 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1])]
     runs = {}
-    for name, opts in {"new": {}, "old": {"share_reference": False, **eh.FIXED_TIMING}}.items():
+    for name, opts in {"new": {}, "old": {"share_reference": False}}.items():
         with eh.Evaluator(backend="triton", progress=False, **opts) as ev:
             runs[name] = ev.map(pairs)
     new, old = runs["new"], runs["old"]
@@ -194,7 +194,6 @@ def test_harness_gpu_shared_reference_and_adaptive_timing_agree_with_the_old_rul
     for n, o in zip(new[:4], old[:4]):
         assert n.details["shared_reference"] and "shared_reference" not in o.details
         assert abs(n.speedup / o.speedup - 1) < 0.05, (n.speedup, o.speedup)
-        assert n.details["reps"] < 300 and n.details["median_ci"] <= eh.DEFAULTS["timing_ci"] + 1e-9, n.details
     print("speedups new", [round(r.speedup, 3) for r in new[:4]], "old", [round(r.speedup, 3) for r in old[:4]],
           "reps new", [r.details["reps"] for r in new[:4]], "old", [r.details["reps"] for r in old[:4]])
 
