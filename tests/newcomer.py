@@ -147,3 +147,31 @@ def test_newcomer_plot_says_what_it_leaves_out(tmp_path, capsys):
     assert [ax.get_title() for ax in drawn] == ["Coder pass rate"]   # the one panel that changes
     ticks = [t for t in drawn[0].get_xticks() if 0 <= t <= 2]
     assert ticks and all(float(t).is_integer() for t in ticks)   # whole rounds only
+
+
+def test_newcomer_cpu_default_starts_from_shipped_pairs_and_says_its_plan(tmp_path, capsys, monkeypatch):
+    """The CPU default needs no SFT pair generation (the verified pairs ship with the repo), keeps its short SFT
+    apart from a GPU run's, and says what it will do, about how long it takes and where the results go before any
+    work starts."""
+    import torch
+
+    import kernelzero as kz
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: no CPU fallback")
+    cfg = kz.parse_config(["--run-dir", str(tmp_path / "run")])
+    assert cfg.device == "cpu" and cfg.backend == "triton" and cfg.coder_model == "smollm2"
+    assert kz.os.path.isfile(cfg.sft_data) and cfg.sft_dir and "cpu" in cfg.sft_dir
+    # SFT targets are not cut short by the completion budget half the time (their median is ~514 tokens)
+    assert cfg.max_new_tokens >= 768 and cfg.group_size >= 2 and cfg.modules_per_round * cfg.group_size >= 8
+
+    class Started(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Started
+    monkeypatch.setattr(kz, "sft_warm_start", stop)
+    capsys.readouterr()
+    with pytest.raises(Started):
+        kz.main(cfg)
+    out = capsys.readouterr().out
+    assert f"about {kz.CPU_DEFAULT_MINUTES} min" in out and str(tmp_path / "run") in out and "SFT" in out
