@@ -1664,7 +1664,7 @@ def append_metrics(metrics_path, state, rec):
 
 
 # Measured wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
-CPU_DEFAULT_MINUTES = 10
+CPU_DEFAULT_MINUTES = 9
 
 
 def plan(cfg, device):
