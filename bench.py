@@ -118,7 +118,8 @@ class Config:
     round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on the
     #                                  same batch in the same call ("" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it)
-    round_timing: str = ""           # (e) timing options of the new harness, "key=value,..." (e.g. timing_ci=0.02)
+    round_timing: str = ""           # (e) options of the new harness, "key=value,..." (e.g.
+    #                                  share_reference=true,timing_adaptive=true,timing_ci=0.02)
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
     # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
@@ -713,7 +714,8 @@ def _peak_rss_gb() -> float:
 def bench_round(cfg: Config, tag: str) -> None:
     import eval_harness
     pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples)
-    extra = {k: float(v) if "." in v or v.isdigit() else v
+    words = {"true": True, "false": False, "none": None}
+    extra = {k: words[v.lower()] if v.lower() in words else float(v) if "." in v or v.isdigit() else v
              for k, v in (kv.split("=") for kv in cfg.round_timing.split(",") if kv)}
     runs = {"new": (eval_harness, extra)}   # the new harness first: its number stands even if a call is cut short
     if cfg.round_baseline:

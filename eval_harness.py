@@ -30,10 +30,10 @@ How it departs from KernelBench's own eval (src/eval.py)
   5. Timing (GPU only): CUDA events with a device-wide synchronize before the end event, a 256 MB L2 flush before
      every rep, fresh input copies per rep (outputs spot-checked), under no_grad, the GPU held alone; medians
      reported (means in details for KernelBench comparisons); reference and candidate interleaved in the
-     candidate's process, timing_budget_s spent (30..300 reps). Options, off by default because their medians
-     disagreed with this rule on the H200: timing_adaptive (reps until the median's distribution-free 95%
-     confidence interval is within timing_ci of it, at least timing_min_reps) and share_ref_timing (a task's
-     eager timing measured once, in its shared reference job).
+     candidate's process, timing_budget_s spent (30..300 reps). Options, off by default (BENCHMARKS session 8):
+     timing_adaptive (reps until the median's distribution-free 95% confidence interval is within timing_ci of
+     it, at least timing_min_reps; not yet measured alone on the GPU) and share_ref_timing (a task's eager timing
+     measured once, in its shared reference job; its speedups disagreed with the interleaved rule's).
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
@@ -55,7 +55,8 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
-  - Shared reference work: the candidates of one task in one map call (a GRPO group, an eval's samples) get their
+  - Shared reference work (share_reference, off by default until its speedups match, BENCHMARKS session 8): the
+    candidates of one task in one map call (a GRPO group, an eval's samples) get their
     trials (inputs and reference outputs) and eager timing from one "reference" job. The parent keeps the trials
     as raw bytes and sends each candidate's worker its own copy through its pipe before the candidate is imported:
     no file a candidate could read or rewrite, nothing a candidate does reaches the next one's trials. The worker
@@ -134,8 +135,8 @@ DEFAULTS = dict(
     seed=0,                  # models are built after torch.manual_seed(seed); trial t uses seed + 1 + t
     timing=True,             # time reference and candidate (GPU only; CPU timing fields stay None)
     timing_budget_s=2.0,     # ceiling on the wall time of timing reps (fixed rule: the time spent, 30..300 reps)
-    timing_adaptive=False,   # reps until every timed median's 95% confidence interval is within timing_ci (off:
-                             # on the H200 it stopped at ~20 reps with medians 12-20% off the fixed rule's)
+    timing_adaptive=False,   # reps until every timed median's 95% confidence interval is within timing_ci (off
+                             # until measured alone on the GPU: BENCHMARKS session 8)
     timing_ci=0.02,          # (adaptive) the interval's width relative to the median
     timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
@@ -144,10 +145,11 @@ DEFAULTS = dict(
     ref_timeout=300.0,       # limit in s for loading the reference and computing its outputs
     memory_limit_gb=8.0,     # RLIMIT_AS of CPU-mode workers: a memory bomb fails instead of swapping the machine
     max_trial_gb=4.0,        # host memory for stored trial inputs/outputs; tasks above it get fewer trials
-    share_reference=None,    # a task's candidates in one map call share its trials (one reference job per task);
-                             # None: on a GPU only (on the CPU a job's extra worker costs more than it saves)
-    share_ref_timing=False,  # and its eager timing, measured once in the reference job (H200: speedups 17% off
-                             # the interleaved rule's for a 256 MB ReLU, so each candidate still times both)
+    share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
+                             # None: on a GPU only. Off: on the H200 the shared group's speedups came out 0.73 vs
+                             # 0.95 unshared for a 0.1 ms ReLU (the verdicts agreed); see BENCHMARKS, session 8
+    share_ref_timing=False,  # and its eager timing, measured once in the reference job (H200: a 256 MB ReLU's
+                             # speedup 1.13 against 0.97 interleaved, so each candidate still times both)
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )

@@ -179,6 +179,8 @@ _gpu = pytest.mark.skipif(not eh.torch.cuda.is_available(), reason="needs a CUDA
 
 @pytest.mark.gpu
 @_gpu
+@pytest.mark.xfail(reason="H200, session 8: verdicts agree, speedups do not (0.73 shared vs 0.95 unshared; 0.81 vs "
+                   "0.98 with adaptive timing): share_reference stays off until this passes", strict=False)
 def test_harness_gpu_shared_reference_agrees_with_unshared():
     """On the GPU: a group of one task shares its reference's trials; verdicts equal those of the unshared harness
     and speedups agree within 5%."""
@@ -186,7 +188,7 @@ def test_harness_gpu_shared_reference_agrees_with_unshared():
     task = t.GPU_RELU_TASK
     pairs = [(task, t.GOOD_RELU)] * 4 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1])]
     runs = {}
-    for name, opts in {"new": {}, "old": {"share_reference": False}}.items():
+    for name, opts in {"new": {"share_reference": True}, "old": {"share_reference": False}}.items():
         with eh.Evaluator(backend="triton", progress=False, **opts) as ev:
             runs[name] = ev.map(pairs)
     new, old = runs["new"], runs["old"]
