@@ -2067,9 +2067,13 @@ def plot_runs(run_dirs):
 
 def cli(argv):
     if argv[:1] == ["plot"]:
-        if len(argv) < 2:
-            raise SystemExit("usage: python kernelzero.py plot RUN_DIR [RUN_DIR ...]  (several: compared on one plot)")
-        return plot_runs(argv[1:])
+        try:
+            if len(argv) < 2:
+                raise UsageError("usage: python kernelzero.py plot RUN_DIR [RUN_DIR ...]  (several: compared on one plot)")
+            return plot_runs(argv[1:])
+        except UsageError as e:   # (parse_config prints its own)
+            print(f"kernelzero.py: error: {e}", file=sys.stderr)
+            raise
     if argv[:1] == ["eval"]:
         return run_eval(parse_config(argv[1:]))
     if argv[:1] == ["compare"]:

@@ -127,9 +127,9 @@ def test_newcomer_plot_says_what_it_leaves_out(tmp_path, capsys):
     (empty / "metrics.jsonl").write_text("")
     assert kz.cli(["plot", str(empty)]) is None   # no blank panels: a sentence instead
     assert "has no rounds yet" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as e:
-        kz.cli(["plot", str(tmp_path / "missing")])
-    assert e.value.code == 2
+    for argv in (["plot", str(tmp_path / "missing")], ["plot"]):
+        code, err = _usage_error(kz, capsys, argv)
+        assert code == 2 and len(err.splitlines()) == 1 and ("does not exist" in err or "usage" in err), err
     run = tmp_path / "run"
     run.mkdir()
     rows = [{"round": r, "coder/pass_rate": 0.1 * r, "coder/kl": 0.0, "proposer/kl": 0.0, "coder/clip_frac": 0.0}
