@@ -175,3 +175,15 @@ def test_newcomer_cpu_default_starts_from_shipped_pairs_and_says_its_plan(tmp_pa
         kz.main(cfg)
     out = capsys.readouterr().out
     assert f"about {kz.CPU_DEFAULT_MINUTES} min" in out and str(tmp_path / "run") in out and "SFT" in out
+
+
+def test_newcomer_eval_checks_only_the_model_it_loads(tmp_path, capsys, monkeypatch):
+    """`eval` loads the Coder only: a Proposer that is not installed must not stop it, a missing Coder must."""
+    import kernelzero as kz
+    ran = []
+    monkeypatch.setattr(kz, "run_eval", lambda cfg: ran.append(cfg.coder_model))
+    kz.cli(["eval", "--preset", "tiny", "--proposer-model", "./not_installed", "--run-dir", str(tmp_path)])
+    assert ran == ["tiny"]
+    code, err = _usage_error(kz, capsys, ["eval", "--preset", "tiny", "--coder-model", "./not_there",
+                                          "--run-dir", str(tmp_path)])
+    assert code == 2 and "--coder-model ./not_there" in err and ran == ["tiny"]
