@@ -118,8 +118,9 @@ class Config:
     round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on the
     #                                  same batch in the same call ("" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it)
-    round_timing: str = ""           # (e) options of the new harness, "key=value,..." (e.g.
-    #                                  share_reference=true,timing_adaptive=true,timing_ci=0.02)
+    round_timing: str = ""           # (e) options of the new harness, "key=value,..."; several variants, each run
+    #                                  on the same batch and compared with the first and the baseline, separated by
+    #                                  ";" (e.g. "inputs_on_device=false;timing_budget_s=0.25;timing_adaptive=true")
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
     # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
@@ -711,17 +712,34 @@ def _peak_rss_gb() -> float:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
 
 
+def _round_opts(text: str) -> dict:
+    """Evaluator options from "key=value,...": true/false/none, numbers, else strings."""
+    words = {"true": True, "false": False, "none": None}
+    return {k: words[v.lower()] if v.lower() in words else float(v) if "." in v or v.isdigit() else v
+            for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
+def _round_agreement(a: dict, b: dict) -> dict:
+    """How far run b's verdicts and speedups are from run a's (per candidate)."""
+    ratios = sorted(y / x for x, y in zip(a["speedups"], b["speedups"]) if x and y)
+    return {"same_verdicts": sum(x == y for x, y in zip(a["kinds"], b["kinds"])), "timed": len(ratios),
+            "speedup_ratio_median": ratios[len(ratios) // 2] if ratios else None,
+            "speedup_ratio_min": ratios[0] if ratios else None, "speedup_ratio_max": ratios[-1] if ratios else None,
+            "within_5pct": sum(abs(r - 1) <= 0.05 for r in ratios), "wall_ratio": a["wall_s"] / b["wall_s"]}
+
+
 def bench_round(cfg: Config, tag: str) -> None:
+    """The round-shaped batch through each --round-timing variant of the current harness (first, so that their
+    numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
+    compared with the first variant's as soon as it ends, and with the baseline's at the end."""
     import eval_harness
     pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples)
-    words = {"true": True, "false": False, "none": None}
-    extra = {k: words[v.lower()] if v.lower() in words else float(v) if "." in v or v.isdigit() else v
-             for k, v in (kv.split("=") for kv in cfg.round_timing.split(",") if kv)}
-    runs = {"new": (eval_harness, extra)}   # the new harness first: its number stands even if a call is cut short
+    runs = {variant or "new": (eval_harness, _round_opts(variant)) for variant in cfg.round_timing.split(";")}
     if cfg.round_baseline:
         runs["baseline"] = (_harness_module(cfg.round_baseline), {})
     else:
-        runs["baseline"] = (eval_harness, {"share_reference": False, **getattr(eval_harness, "FIXED_TIMING", {})})
+        runs["baseline"] = (eval_harness, {"share_reference": False, "inputs_on_device": False,   # (host inputs:
+                                           **eval_harness.FIXED_TIMING})                       # the old harness)
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
     for name, (module, opts) in runs.items():
         t0 = time.perf_counter()
@@ -735,31 +753,30 @@ def bench_round(cfg: Config, tag: str) -> None:
         summary[name] = {"wall_s": wall, "opts": opts, "kinds": [r.error_kind for r in results],
                          "speedups": [r.speedup for r in results], "runtime_ms": [r.runtime_ms for r in results],
                          "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
+                         "trials_on": collections.Counter(r.details.get("trials_on") for r in results),
                          "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb()}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
-        rows.append([name, len(pairs), wall, len(pairs) / wall, f"{agree}/{len(pairs)}",
-                     sum(r.error_kind == "ok" for r in results)])
+        first = next(iter(runs))
+        if name != first:
+            summary[name]["vs_first"] = _round_agreement(summary[first], summary[name])
+        rows.append([name, wall, f"{agree}/{len(pairs)}", sum(r.error_kind == "ok" for r in results)])
         print(f"{name}: {wall:.1f} s for {len(pairs)} candidates ({agree}/{len(pairs)} as labelled, "
               f"{rows[-1][-1]} ok, peak RSS {summary[name]['peak_rss_gb']:.1f} GB); seconds summed over candidates: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()), flush=True)
+              + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
+              + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])
         for i, ((_, _, label), r) in enumerate(zip(pairs, results)):
             if coarse(r.error_kind) != label:
                 print(f"{name} #{i} ({ROUND_TASKS[i // cfg.round_samples][1]}): labelled {label}, "
                       f"harness says {r.error_kind}: {r.error[:200]!r}")
-    base, new = summary["baseline"], summary["new"]
-    same = sum(a == b for a, b in zip(base["kinds"], new["kinds"]))
-    ratios = sorted(n / b for n, b in zip(new["speedups"], base["speedups"]) if n and b)
-    summary.update(same_verdicts=same, speedup_ratio_min=ratios[0] if ratios else None,
-                   speedup_ratio_max=ratios[-1] if ratios else None,
-                   speedup_ratio_median=ratios[len(ratios) // 2] if ratios else None,
-                   within_5pct=sum(abs(r - 1) <= 0.05 for r in ratios), timed=len(ratios),
-                   wall_ratio=base["wall_s"] / new["wall_s"])
-    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} Triton candidates; verdicts "
-          f"equal {same}/{len(pairs)}; new/old speedup per correct kernel: median "
-          f"{summary['speedup_ratio_median']}, {summary['within_5pct']}/{len(ratios)} within 5%; wall "
-          f"{summary['wall_ratio']:.2f}x faster",
-          ["harness", "candidates", "seconds", "verdicts/s", "coarse=label", "ok"], rows)
+    for row in rows:   # every run against the baseline: verdicts equal, speedup ratio (run / baseline), wall ratio
+        c = _round_agreement(summary["baseline"], summary[row[0]])
+        row += [f"{c['same_verdicts']}/{len(pairs)}", c["speedup_ratio_median"] and round(c["speedup_ratio_median"], 3),
+                f"{c['within_5pct']}/{c['timed']}", round(c["wall_ratio"], 2)]
+        summary[row[0]]["vs_baseline"] = c
+    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} Triton candidates, each run "
+          f"against the baseline", ["harness", "seconds", "coarse=label", "ok", "verdicts = baseline",
+                                    "speedup / baseline (median)", "within 5%", "faster"], rows)
     record(cfg, "round", summary)
 
 

@@ -30,7 +30,9 @@ How it departs from KernelBench's own eval (src/eval.py)
   5. Timing (GPU only): CUDA events with a device-wide synchronize before the end event, a 256 MB L2 flush before
      every rep, fresh input copies per rep (outputs spot-checked), under no_grad, the GPU held alone; medians
      reported (means in details for KernelBench comparisons); reference and candidate interleaved in the
-     candidate's process, timing_budget_s spent (30..300 reps). Options, off by default (BENCHMARKS session 8):
+     candidate's process after one warm-up rep per input set, timing_budget_s spent (30..300 reps). The spot
+     checks compare with GPU copies of the reference outputs, checked against the host's after timing
+     (reward_hack "reference_outputs": the candidate may reach them). Options, off by default (BENCHMARKS session 8):
      timing_adaptive (reps until the median's distribution-free 95% confidence interval is within timing_ci of
      it, at least timing_min_reps; not yet measured alone on the GPU) and share_ref_timing (a task's eager timing
      measured once, in its shared reference job; its speedups disagreed with the interleaved rule's).
@@ -46,12 +48,20 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
   - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
     the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
-    profiling overlap while every timed rep runs alone. A worker makes its trials' host inputs before it asks for
-    the GPU (unless the reference mentions cuda): a timer waits for every holder, and this is CPU work. A GPU
-    worker pays the profiler's and Triton's start-up (seconds) at boot, while idle. An out-of-memory verdict on a
-    shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold the GPU alone meanwhile
-    (Evaluator.holding_gpus). The gate holds across processes (a flock'd file per GPU under $KZ_CACHE_DIR): two
-    runs, an eval and a lint sharing one GPU never time while another uses the GPU.
+    profiling overlap while every timed rep runs alone. A GPU worker pays the profiler's and Triton's start-up
+    (seconds) at boot, while idle; each GPU keeps two idle workers per slot, booted when the Evaluator starts. An
+    out-of-memory verdict on a shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold
+    the GPU alone meanwhile (Evaluator.holding_gpus). The gate holds across processes (a flock'd file per GPU
+    under $KZ_CACHE_DIR): two runs, an eval and a lint sharing one GPU never time while another uses the GPU.
+  - Trial inputs on the GPU (inputs_on_device, the default on CUDA): get_inputs() runs under
+    `with torch.device("cuda")`, inside the worker's shared GPU turn, so factory calls without a device (randn,
+    rand, randint, ...) make the inputs there in milliseconds, from the same per-trial seeds (other values than the
+    host's generator draws; reference and candidate see the same ones); tensors a task puts on the CPU are moved.
+    The inputs stay on the GPU (max_trial_gb and the GPU memory admission count them there; details["trials_on"]),
+    the reference outputs go to the host: a kernel can write anywhere in its process's GPU memory, and rewriting the
+    stored inputs only makes its own outputs disagree with those. With inputs_on_device=False (and on the CPU) the
+    inputs are made on the host before the worker asks for the GPU (a timer waits for every holder; a reference
+    that mentions cuda asks first). Shared reference jobs send their trials through the host either way.
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
@@ -82,6 +92,7 @@ import ast
 import collections
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import fcntl
 import importlib.util
@@ -144,7 +155,10 @@ DEFAULTS = dict(
     run_timeout=300.0,       # limit in s for the candidate's trials + timing
     ref_timeout=300.0,       # limit in s for loading the reference and computing its outputs
     memory_limit_gb=8.0,     # RLIMIT_AS of CPU-mode workers: a memory bomb fails instead of swapping the machine
-    max_trial_gb=4.0,        # host memory for stored trial inputs/outputs; tasks above it get fewer trials
+    max_trial_gb=4.0,        # stored trial inputs + outputs, wherever they live; tasks above it get fewer trials
+    inputs_on_device=True,   # on a GPU: get_inputs() runs under `with torch.device("cuda")` and the trial inputs
+                             # stay there (ms instead of ~1.6 s of host randn + copies for a 256 MB task); False: made
+                             # on the host as before. Reference outputs stay on the host either way. No-op on the CPU
     share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
                              # None: on a GPU only. Off: on the H200 the shared group's speedups came out 0.73 vs
                              # 0.95 unshared for a 0.1 ms ReLU (the verdicts agreed); see BENCHMARKS, session 8
@@ -401,9 +415,14 @@ class _Pool:
     def take(self) -> _Worker:
         with self.lock:
             worker = self.idle.pop(0) if self.idle else None
+        self.fill()
+        return worker or _Worker(self.env)
+
+    def fill(self) -> None:
+        """Start workers until `spare` are idle (they boot in the background: Popen returns at once)."""
+        with self.lock:
             while len(self.idle) < self.spare:
                 self.idle.append(_Worker(self.env))
-        return worker or _Worker(self.env)
 
     def close(self) -> None:
         with self.lock:
@@ -966,16 +985,25 @@ def _nbytes(xs) -> int:
     return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
 
 
-def _trial_inputs(ref, opts: dict, details: dict) -> list[tuple[list, bool]]:
+def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[list, bool]]:
     """(inputs, heavy) for every trial, made before the reference runs: `trials` draws of get_inputs() and a last,
-    heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). Host work for most tasks, which is
-    why the worker makes them before it takes its GPU turn (_job_evaluate)."""
+    heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). `device`: factory calls without an
+    explicit device (torch.randn, rand, randint, ...) make their tensors there; None: on the host, which is CPU work,
+    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator."""
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
     n, out = opts["trials"], []
     for t in range(n + 1):
         heavy = t == n
         torch.manual_seed(opts["seed"] + 1 + t)
-        inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in ref.get_inputs()]
+        try:
+            with torch.device(device) if device is not None else contextlib.nullcontext():
+                inputs = list(ref.get_inputs())
+        except Exception as e:   # e.g. a CPU torch.Generator passed to a factory: make them all on the host
+            if device is None or t:
+                raise
+            details["inputs_on_device_failed"] = _truncate(_format_exception(e), 300)
+            return _trial_inputs(ref, opts, details)
+        inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in inputs]
         if heavy:
             if not any(_is_float(x) for x in inputs):
                 break
@@ -994,10 +1022,13 @@ def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
     return n
 
 
-def _make_trials(ref_model, draws: list, device, opts: dict, details: dict) -> tuple[list, bool]:
+def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu") -> tuple[list, bool]:
     """Reference outputs (on the host) for every (inputs, heavy) draw of _trial_inputs, computed before the candidate
-    exists. Skips normal draws once inputs and outputs together would exceed max_trial_gb, and the heavy one if the
-    reference is not finite on it. Returns (trials, whether the reference mutates its inputs)."""
+    exists; inputs kept on `store` (the GPU when made there). Skips normal draws once inputs and outputs together
+    would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials, whether the
+    reference mutates its inputs). The outputs stay on the host even when the inputs live on the GPU: a candidate's
+    kernel can write to any device address in its process (an out-of-bounds store finds the caching allocator's
+    other blocks), and rewriting stored inputs only makes its own outputs disagree with the host's references."""
     trials, mutates = [], False
     allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
     for inputs, heavy in draws:
@@ -1011,7 +1042,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict) -> t
         if heavy and not all(bool(torch.isfinite(o).all()) for o in _tensors(out) if o.is_floating_point()):
             details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
             break
-        trials.append({"inputs": [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs],
+        trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
                        "out": out, "heavy": heavy})
         if len(trials) == 1:
             allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
@@ -1230,6 +1261,9 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         hit = instr.verify()
         if hit:
             return failed("reward_hack", hit[1], hit[0])
+        if not times["ref_intact"]:
+            return failed("reward_hack", "the reference outputs kept on the GPU for the timing spot checks changed "
+                          "while the candidate ran", "reference_outputs")
         if any(times["bad_output"]):
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")
@@ -1253,27 +1287,29 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
 def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> tuple:
     """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
     Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
-    check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). A timer waits for
-    every holder, so the trials' inputs are made on the host first (CPU work, ~2 s for a 256 MB task); a reference
-    that mentions cuda may make them on the GPU and takes its turn first."""
+    check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
+    inputs_on_device the inputs are made on the GPU inside the turn (milliseconds) and stay there
+    (details["trials_on"]); on the host they are made before the turn (CPU work, ~1.6 s for a 256 MB task, and a
+    timer waits for every holder). A reference that mentions cuda may put them on the GPU itself: turn first."""
     device, opts = torch.device(job["device"]), job["opts"]
-    inputs_on_gpu = "cuda" in job["ref_src"]
+    on_device = device.type == "cuda" and opts["inputs_on_device"]
+    mentions_cuda = "cuda" in job["ref_src"]
     clock = time.monotonic()
     ref = _load_module(job["ref_src"], "kz_reference")
     del sys.modules["kz_reference"]   # the candidate cannot find it by name
-    per_input = None if inputs_on_gpu else _input_bytes_on_meta(ref, opts)
-    _ask_memory(conn, *_memory_need(per_input, per_input, opts, device.type), details)
-    if inputs_on_gpu:
+    per_input = None if mentions_cuda else _input_bytes_on_meta(ref, opts)   # (meta: no device may be named)
+    _ask_memory(conn, *_memory_need(per_input, per_input, opts, device.type, on_device), details)
+    if on_device or mentions_cuda:
         _gpu_turn(conn, turn)
     init_inputs = ref.get_init_inputs()
-    draws = _trial_inputs(ref, opts, details)
+    draws = _trial_inputs(ref, opts, details, device if on_device else None)
     details["ref_inputs_s"] = _since(clock)
-    if not inputs_on_gpu:
+    if not (on_device or mentions_cuda):
         _gpu_turn(conn, turn)
     clock = time.monotonic()
     ref_model = build(ref.Model, init_inputs)
-    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details)
-    details["ref_outputs_s"] = _since(clock)
+    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu")
+    details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
     return ref, init_inputs, ref_model, trials, ref_mutates
 
 
@@ -1294,21 +1330,27 @@ def _input_bytes_on_meta(ref, opts: dict) -> int | None:
 
 
 def _memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
-                 stored: int | None = None) -> tuple[int, int]:
+                 inputs_on_device: bool = False, stored: int | None = None) -> tuple[int, int]:
     """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
-    stored trials (max_trial_gb caps them), the heavy trial's temporaries, and on the device the candidate's input
-    copies, outputs, comparison temporaries and timing sets. `stored`: bytes of trials already made (a shared
-    reference: no temporaries). Unknown sizes (None) are taken as max_trial_gb."""
+    stored trials (max_trial_gb caps them; their inputs count on the device when made there), the heavy trial's
+    temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
+    their reference outputs. `stored`: bytes of trials already made (a shared reference: no temporaries). Unknown
+    sizes (None) are taken as max_trial_gb."""
     cap = opts["max_trial_gb"] * 2**30
     if per_input is None:
         per_input = per_output = cap / 4
-    one = per_input + (per_input if per_output is None else per_output)
+    per_output = per_input if per_output is None else per_output
+    one = per_input + per_output
     if stored is None:
         n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
-        host = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
+        inputs, host = n * per_input + 3 * per_input, n * per_output   # + x * exp(randn_like(x)) for the heavy trial
     else:
-        host = stored
-    on_device = 4 * one + 2 * per_input + 2**28   # copies, outputs twice, compare temporaries; timing sets, L2 flush
+        inputs, host = 0, stored
+    on_device = 4 * one + 2 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, L2 flush
+    if inputs_on_device:
+        on_device += inputs
+    else:
+        host += inputs
     return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
 
 
@@ -1413,6 +1455,7 @@ def _job_reference(job: dict, conn: Connection) -> dict:
         details["ref_timing_s"] = _since(clock)
     tensors = []
     skeleton = _strip_tensors([[tr["inputs"], tr["out"], tr["heavy"]] for tr in trials], tensors)
+    tensors = [t.cpu() for t in tensors]   # (inputs made on the GPU travel through the host like the rest)
     buffers = [_storage_bytes(t) for t in tensors]
     meta = {"trials": skeleton, "ref_mutates": ref_mutates, "ref_ms": ref_ms,
             "tensors": [(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.stride(), t.storage_offset())
@@ -1440,7 +1483,7 @@ def _receive_reference(job: dict, conn: Connection, details: dict) -> tuple:
     ref = _load_module(job["ref_src"], "kz_reference")
     del sys.modules["kz_reference"]   # the candidate cannot find it by name
     init_inputs = ref.get_init_inputs()
-    details.update(pack["details"], shared_reference=True, ref_receive_s=_since(clock))
+    details.update(pack["details"], shared_reference=True, ref_receive_s=_since(clock), trials_on="cpu")
     return ref, init_inputs, trials, pack["ref_mutates"]
 
 
@@ -1476,6 +1519,13 @@ def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> di
             "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
 
 
+def _out_to(out, device):
+    """A reference output (a tensor or a tuple/list of them) copied to `device`."""
+    if isinstance(out, torch.Tensor):
+        return out.to(device, copy=True)
+    return type(out)(t.to(device, copy=True) for t in out)
+
+
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
@@ -1483,7 +1533,10 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     `adaptive`: reps (at least min_reps) until every model's median has a 95% confidence interval narrower than
     `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule (budget_s spent, 30..300 reps)."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
-    sets = [(_to_device(tr["inputs"], device), tr["out"]) for tr in trials[:2]]   # alternate values between reps
+    # alternate values between reps. The reference outputs go to the GPU once (a spot check would copy a 256 MB
+    # output from the host each time, inside the exclusive turn); the candidate could overwrite these copies, so
+    # times["ref_intact"] says whether they still equal the host's afterwards
+    sets = [(_to_device(tr["inputs"], device), _out_to(tr["out"], device)) for tr in trials[:2]]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     spot_check = random.Random(os.urandom(8))   # unpredictable reps get their output checked
     times = {name: [] for name in models}
@@ -1506,13 +1559,12 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
 
     names = list(models)
-    for rep in range(3):   # warm-up (Triton JIT, cuBLAS heuristics, torch.compile, allocator)
-        for name in names:
-            once(name, rep)
+    for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
+        warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
     if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
         deadline, reps, rep = time.monotonic() + budget_s, 300, 0
     else:          # the fixed rule: the budget spent, 30..300 reps
-        estimate = sum(once(name, 0)[1] for name in names) + 0.5 * len(names)
+        estimate = sum(warm.values()) + 0.5 * len(names)
         reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
     for rep in range(reps):   # interleaved; rotate who goes first
         for name in names[rep % len(names):] + names[: rep % len(names)]:
@@ -1523,6 +1575,8 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
             if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
                 break
+    times["ref_intact"] = all(_same(a, b) for tr, (_, out) in zip(trials, sets)
+                              for a, b in zip(_tensors(tr["out"]), _tensors(out)))
     return times
 
 
@@ -1739,8 +1793,13 @@ class Evaluator:
             env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
-            self.pools[gpu] = _Pool(env, self.gpu_workers + 1 if self.spare is None else self.spare)
+            # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),
+            # and with one spare per slot a round's candidates waited ~2 s each for one (H200, 128 Triton candidates).
+            # Each idle worker holds ~0.5-1 GB of host memory and a CUDA context.
+            self.pools[gpu] = _Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
             self.gates[gpu] = _Gate(_gpu_lock_path(gpu))
+        for pool in self.pools.values():   # boot now (the trainer generates meanwhile), not at the first candidate
+            pool.fill()
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
         return _to_result(self._run_raw(pool, job))
@@ -1787,7 +1846,7 @@ class Evaluator:
                 job = dict(job, pack={k: meta[k] for k in ("trials", "ref_mutates", "ref_ms", "tensors", "details")},
                            pack_buffers=buffers,
                            mem=_memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
-                                            stored=meta["nbytes"]))
+                                            stored=meta["nbytes"]))   # (received trials live on the host)
             return run(job)
         finally:
             shared.done(self.memory)
@@ -1807,6 +1866,20 @@ class Evaluator:
             free_gpus.put(gpu)
         result.details["gpu"] = gpu
         return result
+
+    def with_options(self, **opts) -> "Evaluator":
+        """This Evaluator's workers, gates and memory budget, sending jobs with other options: the trainer times its
+        RL candidates with a shorter timing_budget_s than its held-out eval. Options that shape the workers or the
+        time limits (memory_limit_gb, timeouts) stay the original's. Closing the view closes nothing."""
+        unknown = set(opts) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        if not self.reason:
+            self._start()   # (the view must share these pools, not start its own)
+        view = copy.copy(self)
+        view.opts = {**self.opts, **opts}
+        view.close = lambda: None   # (also what __exit__ and __del__ call)
+        return view
 
     @contextlib.contextmanager
     def holding_gpus(self):

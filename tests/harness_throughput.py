@@ -1,5 +1,5 @@
-"""Tests: harness_throughput (issue 16): a task's reference work shared by its candidates, memory admission, the
-bounded output tail of a worker."""
+"""Tests: harness throughput: a task's reference work shared by its candidates, memory admission, the bounded output
+tail of a worker, trial inputs made on the GPU, the trainer's shorter timing, workers booted ahead."""
 import os
 import threading
 import time
@@ -169,6 +169,84 @@ def test_harness_median_ci_width():
     assert eh.DEFAULTS["timing_ci"] == 0.02
 
 
+def test_harness_trial_inputs_made_under_the_device_context():
+    """With a device, get_inputs()'s factory calls make their tensors there (the meta device stands in for the GPU
+    here); a tensor the task puts on the CPU explicitly stays there, only floating tensors are cast, and the heavy
+    trial is made on the same device."""
+    class Ref:
+        @staticmethod
+        def get_inputs():
+            return [eh.torch.randn(8, 4), eh.torch.randint(0, 3, (5,)), eh.torch.ones(2, device="cpu"), 1.5]
+    opts = dict(eh.DEFAULTS, dtype="float16")
+    draws = eh._trial_inputs(Ref, opts, {}, eh.torch.device("meta"))
+    assert len(draws) == opts["trials"] + 1 and draws[-1][1]   # the heavy trial last
+    for inputs, _ in draws:
+        x, idx, ones, scale = inputs
+        assert x.is_meta and x.dtype == eh.torch.float16 and idx.is_meta and idx.dtype == eh.torch.int64
+        assert ones.device.type == "cpu" and ones.dtype == eh.torch.float16 and scale == 1.5
+    host = eh._trial_inputs(Ref, opts, {})
+    assert all(t.device.type == "cpu" for inputs, _ in host for t in inputs[:3])
+
+    class HostOnly:   # (as a task passing a CPU torch.Generator to its factories would fail on the GPU)
+        @staticmethod
+        def get_inputs():
+            if eh.torch.empty(0).device.type != "cpu":
+                raise RuntimeError("Expected a 'cuda' device type for generator")
+            return [eh.torch.randn(3)]
+    details = {}
+    draws = eh._trial_inputs(HostOnly, eh.DEFAULTS, details, eh.torch.device("meta"))
+    assert all(inputs[0].device.type == "cpu" for inputs, _ in draws) and len(draws) == eh.DEFAULTS["trials"] + 1
+    assert "generator" in details["inputs_on_device_failed"]
+    assert eh.DEFAULTS["inputs_on_device"]   # (on a GPU; CPU evaluations make their inputs on the host as before)
+    per_input = 64 * 2**20
+    host_made = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
+    gpu_made = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda", inputs_on_device=True)
+    assert gpu_made[0] < host_made[0] and gpu_made[1] > host_made[1]   # stored inputs counted where they live
+    assert sum(gpu_made) == sum(host_made)
+
+
+def test_harness_with_options_shares_the_started_workers():
+    """with_options sends jobs with other options on the same workers (booted when the Evaluator starts); closing
+    the view closes nothing."""
+    t = _t()
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        assert len(ev.pools["cpu"].idle) == 2   # booted ahead, before the first candidate
+        short = ev.with_options(timing_budget_s=0.25)
+        assert short.pools is ev.pools and short.opts["timing_budget_s"] == 0.25
+        assert ev.opts["timing_budget_s"] == eh.DEFAULTS["timing_budget_s"]
+        assert [r.error_kind for r in short.map([(t.RELU_TASK, t.GOOD_RELU), (t.RELU_TASK, t.WRONG)])] == \
+            ["ok", "mismatch"]
+        short.close()
+        del short
+        assert ev.pools is not None and ev.map([(t.RELU_TASK, t.GOOD_RELU)])[0].error_kind == "ok"
+        with pytest.raises(TypeError, match="unknown options"):
+            ev.with_options(timing_budget=1)
+
+
+def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch, capsys):
+    """bench.py's round section runs every ";"-separated --round-timing variant and the baseline on one batch and
+    reports verdict and speedup agreement per variant (here on the CPU, two candidates, no timing)."""
+    import json
+    import bench
+    t = _t()
+    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples: [
+        (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
+    cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1,
+                       round_timing="inputs_on_device=false;timing_budget_s=0.25,inputs_on_device=true")
+    bench.bench_round(cfg, "test")
+    rows = [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
+    summary = rows[-1]
+    assert [r["section"] for r in rows] == ["round_inputs_on_device=false", "round_timing_budget_s=0.25,"
+                                            "inputs_on_device=true", "round_baseline", "round"]
+    assert summary["timing_budget_s=0.25,inputs_on_device=true"]["opts"] == {"timing_budget_s": 0.25,
+                                                                              "inputs_on_device": True}
+    for name in ("inputs_on_device=false", "timing_budget_s=0.25,inputs_on_device=true"):
+        assert summary[name]["kinds"] == ["ok", "mismatch"]
+        assert summary[name]["vs_baseline"]["same_verdicts"] == 2
+    assert summary["timing_budget_s=0.25,inputs_on_device=true"]["vs_first"]["same_verdicts"] == 2
+    assert "verdicts = baseline" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # GPU
 
@@ -234,3 +312,58 @@ def test_harness_gpu_big_inputs_all_ok_within_memory():
     print(f"8 big candidates: {time.time() - start:.0f} s, peak RSS (parent + largest worker) {peak:.1f} GB, waits",
           [r.details.get("mem_wait_s") for r in results], [r.error_kind for r in results])
     assert [r.error_kind for r in results] == ["ok"] * 8, [(r.error_kind, r.error[:300]) for r in results]
+
+
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_inputs_on_device_agree_with_host_inputs():
+    """Trial inputs made on the GPU (the default) against host-made ones: the same verdicts and checks, speedups
+    within 10%, the trials' inputs said to live on the GPU, and input generation in milliseconds."""
+    t = _t()
+    task = t.GPU_RELU_TASK
+    pairs = [(task, t.GOOD_RELU)] * 3 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1]),
+                                         (task, t.CASES["cache_by_data_ptr"][1]), (task, t.CASES["stale_memory"][1])]
+    runs = {}
+    for on_device in (True, False):
+        with eh.Evaluator(backend="triton", progress=False, inputs_on_device=on_device) as ev:
+            runs[on_device] = ev.map(pairs)
+    gpu, host = runs[True], runs[False]
+    verdicts = {on: [(r.error_kind, r.details.get("check")) for r in rs] for on, rs in runs.items()}
+    assert verdicts[True] == verdicts[False], verdicts
+    assert [r.error_kind for r in gpu[:3]] == ["ok"] * 3
+    for g, h in zip(gpu[:3], host[:3]):
+        assert g.details["trials_on"] == "cuda" and h.details["trials_on"] == "cpu"
+        assert abs(g.speedup / h.speedup - 1) < 0.10, (g.speedup, h.speedup)
+    print("ref_inputs_s gpu", [r.details["ref_inputs_s"] for r in gpu[:3]], "host",
+          [r.details["ref_inputs_s"] for r in host[:3]], "speedups gpu", [round(r.speedup, 3) for r in gpu[:3]],
+          "host", [round(r.speedup, 3) for r in host[:3]])
+
+
+TAMPER_REFERENCE = """
+import gc
+_objects = getattr(gc, "get_" + "objects")   # (past the static check's literal gc.get_objects)
+"""
+
+
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_candidate_rewriting_the_timing_reference_is_caught():
+    """A candidate correct through the trials, then wrong while timed, that copies its output over the reference
+    outputs the timing spot checks use (on the GPU since they stopped being copied from the host per check): the
+    re-check after timing makes it reward_hack, not ok."""
+    t = _t()
+    cand = t._harness_relu('''
+self.calls += 1
+y = torch.empty_like(x)
+n = x.numel() if self.calls <= 12 else x.numel() // 2   # after the trials and warm-up: half the output unwritten
+relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+if self.calls == 13:
+    for o in _objects():
+        if type(o) is tuple and len(o) == 2 and isinstance(o[1], torch.Tensor) and o[1].is_cuda \\
+                and o[1].shape == y.shape:
+            o[1].copy_(y)
+return y
+''', extra=TAMPER_REFERENCE, init="self.calls = 0")
+    assert eh._precheck(cand, "triton") is None   # it gets past the static check
+    r = eh.evaluate(t.GPU_RELU_TASK, cand, backend="triton", timing_budget_s=0.25)
+    assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
