@@ -2009,7 +2009,7 @@ def plot_runs(run_dirs):
     except ImportError:
         print("plotting needs matplotlib: pip install matplotlib")
         return None
-    runs = {}
+    runs, configs = {}, []
     for d in run_dirs:
         path = os.path.join(d, "metrics.jsonl")
         if not os.path.isfile(path):
@@ -2019,6 +2019,8 @@ def plot_runs(run_dirs):
             print(f"{path} has no rounds yet (a run writes one line a finished round): left out")
             continue
         runs[os.path.basename(os.path.normpath(d))] = rows
+        with contextlib.suppress(OSError, ValueError):
+            configs.append(json.load(open(os.path.join(d, "config.json"))))
     if not runs:
         print("nothing to plot")
         return None
@@ -2030,15 +2032,23 @@ def plot_runs(run_dirs):
               ("KL (k3)", ["coder/kl", "proposer/kl"]),
               ("Clip fraction", ["coder/clip_frac", "proposer/clip_frac"]),
               ("Zero-std groups", ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std"])]
+    # panels that are constant by configuration in every run: no k3 term with kl_coef 0, ratio 1 with one epoch
+    fixed = {"KL (k3)": ("kl_coef", 0, "kl_coef 0"), "Clip fraction": ("ppo_epochs", 1, "ppo_epochs 1: ratio 1")}
+    several_rounds = any(len({r["round"] for r in rows}) > 1 for rows in runs.values())
     drawn, left_out = [], []
     for title, keys in panels:
         values = {r[k] for rows in runs.values() for r in rows for k in keys if _finite(r.get(k))}
         if title.startswith("Frontier"):
             values |= {p for rows in runs.values() for r in rows for p in r.get("proposer/pass_rates") or []}
-        if len(values) > 1:
-            drawn.append((title, keys))
+        field, value, why = fixed.get(title, (None, None, None))
+        if configs and len(configs) == len(runs) and field and all(c.get(field) == value for c in configs):
+            left_out.append(f"{title} ({why})")
+        elif not values:
+            left_out.append(f"{title} (no data)")
+        elif len(values) == 1 and several_rounds:
+            left_out.append(f"{title} ({values.pop():g} throughout)")
         else:
-            left_out.append(f"{title} ({'no data' if not values else f'{values.pop():g} throughout'})")
+            drawn.append((title, keys))
     rows_n = max(1, math.ceil(len(drawn) / 4))
     cols = max(1, math.ceil(len(drawn) / rows_n))   # 5 panels: 2 x 3, not 2 x 4 with three empty
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 4.2 * rows_n), squeeze=False, layout="constrained")
@@ -2058,7 +2068,12 @@ def plot_runs(run_dirs):
                                label=prefix + "proposer/pass_rates (modules)")
         ax.set_title(title)
         ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # rounds are whole numbers
+        rounds = sorted({r["round"] for rows in runs.values() for r in rows})
+        if rounds[-1] - rounds[0] <= 10:   # rounds are whole numbers; a lone round gets room on both sides
+            ax.set_xticks(range(rounds[0], rounds[-1] + 1))
+            ax.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         # the legend goes below the axes, where it covers no curve; with several runs it names the metrics only
         # (line styles), and one legend above the panels names the runs (colours)
         handles, labels = ax.get_legend_handles_labels()

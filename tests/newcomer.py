@@ -143,6 +143,9 @@ def test_newcomer_plot_says_what_it_leaves_out(tmp_path, capsys):
         assert kz.cli(["plot", str(run)]) == str(run / "metrics.png")
     out = capsys.readouterr().out
     assert "KL (k3) (0 throughout)" in out and "Rewards (no data)" in out
+    (run / "config.json").write_text(json.dumps({"kl_coef": 0.0, "ppo_epochs": 1}))   # zero by configuration
+    kz.cli(["plot", str(run)])
+    assert "KL (k3) (kl_coef 0)" in capsys.readouterr().out
     drawn = [ax for ax in saved[0].axes if ax.axison]
     assert [ax.get_title() for ax in drawn] == ["Coder pass rate"]   # the one panel that changes
     ticks = [t for t in drawn[0].get_xticks() if 0 <= t <= 2]
