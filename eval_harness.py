@@ -204,6 +204,7 @@ _BANNED_IMPORTS = {  # module root -> check name
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
     "multiprocessing": "processes", "subprocess": "processes", "ctypes": "ctypes", "cffi": "ctypes",
     "inspect": "introspection", "importlib": "dynamic_code", "eval_harness": "monkeypatch", "builtins": "monkeypatch",
+    "gc": "introspection",   # gc reaches every live object, the harness's stored reference outputs among them
     "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
     "torch.utils._python_dispatch": "torch_function", "torch._dynamo": "torch_compile", "torch._inductor": "torch_compile",
 }
@@ -300,6 +301,11 @@ def _static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
                 name = _dotted(node.args[0], aliases) or ""
                 if name.split(".")[0] in _PROTECTED_ROOTS:
                     return "monkeypatch", f"{fname} on {name}"
+            # getattr(sys, "mod" + "ules") reaches what the banned names guard: a computed name on a module is out
+            if fname == "getattr" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
+                name = _dotted(node.args[0], aliases) or ""
+                if name.split(".")[0] in _PROTECTED_ROOTS | {"os"}:
+                    return "introspection", f"getattr on {name} with a computed name"
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
             for handler in node.handlers:
                 for sub in ast.walk(ast.Module(body=handler.body, type_ignores=[])):

@@ -505,6 +505,8 @@ def test_harness_static_check_sources():
     assert check(cuda.replace("__global__", "")).error_kind == "format"
     for line, name in [("import ctypes", "ctypes"), ("import subprocess", "processes"), ("import os\nos.fork()", "processes"),
                        ("import gc\ngc.get_objects()", "introspection"), ("import inspect", "introspection"),
+                       ("import gc\nf = getattr(gc, 'get_' + 'objects')", "introspection"),
+                       ("import sys\nm = getattr(sys, 'mod' + 'ules')", "introspection"),
                        ("torch.set_float32_matmul_precision('high')", "tf32"), ("exec('x=1')", "dynamic_code"),
                        ("import time\ntime.perf_counter = lambda: 0.0", "monkeypatch"),
                        ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
