@@ -340,9 +340,9 @@ def test_harness_gpu_inputs_on_device_agree_with_host_inputs():
 
 
 TAMPER_REFERENCE = """
-import gc
-_objects = getattr(gc, "get_" + "objects")   # (past the static check's literal gc.get_objects)
-"""
+import torch.cuda.graphs
+_objects = vars(vars(torch.cuda.graphs)["gc"])["get_" + "objects"]   # gc through a torch module that imported it:
+"""                                                                 # past the static check, which bans importing gc
 
 
 @pytest.mark.gpu
