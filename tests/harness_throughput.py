@@ -367,3 +367,16 @@ return y
     assert eh._precheck(cand, "triton") is None   # it gets past the static check
     r = eh.evaluate(t.GPU_RELU_TASK, cand, backend="triton", timing_budget_s=0.25)
     assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
+
+
+def test_harness_lint_determinism_allows_reordered_sums_not_randomness():
+    """A task's two runs must agree to a hundredth of the candidates' tolerance: a GEMM whose blocking follows the
+    threads a loaded CPU gives it differs in the last bits and is deterministic; fresh randomness is not."""
+    import torch
+    x = torch.randn(1000)
+    assert eh._repeatable(x, x.clone())
+    assert eh._repeatable(x, x * (1 + 1e-7))              # last-bit reordering of a sum
+    assert not eh._repeatable(x, x * (1 + 1e-4))           # a candidate-sized error is not "the same"
+    assert not eh._repeatable(x, torch.randn(1000))        # dropout-like randomness
+    ints = torch.arange(10)
+    assert eh._repeatable(ints, ints.clone()) and not eh._repeatable(ints, ints + 1)   # integers stay exact
