@@ -1273,8 +1273,7 @@ def proposer_validity(policy, kcfg, ev, n: int, seed: int = 0) -> dict:
     from kernelbench_tasks import catalog
     rng = random.Random(seed)
     api_sets = [catalog.sample_api_set(rng, kcfg.apis_per_set, {}) for _ in range(n)]
-    batch = kz.rollout(policy.model, policy.tok, [kz.proposer_prompt(catalog.render_api_set(a), kcfg.one_shot)
-                                                       for a in api_sets],
+    batch = kz.rollout(policy.model, policy.tok, [kz.proposer_prompt(catalog.render_api_set(a)) for a in api_sets],
                        kcfg, policy.sampler, desc="proposals")
     codes = [extract_code(c) for c in batch["completions"]]
     valid, _, why, examples = kz.validate_modules(codes, api_sets, set(), ev)

@@ -90,7 +90,7 @@ class Config:
     #                              sampler is the trained model itself
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
-    one_shot: bool = True  # include the one-shot examples of cuda_ext/ in the Coder's and the Proposer's prompts
+    one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
     # proposer phase
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
     #                                  validity only, every valid module joins the pool; probes still measure p)
@@ -751,31 +751,18 @@ def coder_prompt(module_src, backend, one_shot=True):
     return "\n\n".join(parts)
 
 
-PROPOSER_EXAMPLE_APIS = ("torch.nn.functional.softplus", "torch.logsumexp")  # what cuda_ext/example_proposal.py uses
-
-
-def proposer_prompt(api_text, one_shot=True):
-    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set), after an
-    optional worked example: a task file for two other operations (small models copy the format of what they see)."""
-    from kernelbench_tasks import catalog
-    parts = ["Write a PyTorch module that a GPU kernel engineer will be asked to optimise, using every one of the "
-             "given operations.\n"
-             "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
-             "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
-             "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "
-             "returning the constructor arguments.\n"
-             "Quality rules: deterministic in eval mode; the output must not be zero, constant, the input or its "
-             "mean; at most 512 MB of inputs; about 2-16M elements for elementwise work, 1024-2048 for matmul sides; "
-             "fp32 unless an operation needs integers.\n"
-             "Answer with exactly one ```python block."]
-    path = os.path.join(HERE, "cuda_ext", "example_proposal.py")
-    if one_shot and os.path.exists(path):
-        src = open(path).read()
-        src = "\n".join(src.splitlines()[ast.parse(src).body[0].end_lineno:])   # without its docstring
-        example_apis = catalog.render_api_set([catalog.lookup(a) for a in PROPOSER_EXAMPLE_APIS])
-        parts.append(f"Example. Operations:\n{example_apis}\nA good answer:\n```python\n{src.strip()}\n```")
-    parts.append(f"Now the operations to use:\n{api_text}")
-    return "\n\n".join(parts)
+def proposer_prompt(api_text):
+    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set)."""
+    return ("Write a PyTorch module that a GPU kernel engineer will be asked to optimise. It must use every one of "
+            f"these operations:\n{api_text}\n\n"
+            "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
+            "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
+            "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "
+            "returning the constructor arguments.\n"
+            "Quality rules: deterministic in eval mode; the output must not be zero, constant, the input or its mean; "
+            "at most 512 MB of inputs; about 2-16M elements for elementwise work, 1024-2048 for matmul sides; "
+            "fp32 unless an operation needs integers.\n"
+            "Answer with exactly one ```python block.")
 
 
 # -----------------------------------------------------------------------------
@@ -1264,8 +1251,7 @@ def sft_examples(pairs, backend, one_shot):
         coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
         apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
         if len(apis) == len(p["apis"]):
-            proposer.append((proposer_prompt(catalog.render_api_set(apis), one_shot),
-                             f"```python\n{p['module'].strip()}\n```"))
+            proposer.append((proposer_prompt(catalog.render_api_set(apis)), f"```python\n{p['module'].strip()}\n```"))
     return coder, proposer
 
 
@@ -1466,7 +1452,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     weights = api_weights(state["api_stats"]) if frontier else {}  # {}: every API weighs 1.0 (ablation)
     api_sets = [catalog.sample_api_set(rng, cfg.apis_per_set, weights) for _ in range(cfg.api_sets_per_round)]
     with timed(times, "proposer_gen"):
-        prompts = [proposer_prompt(catalog.render_api_set(apis), cfg.one_shot) for apis in api_sets for _ in range(G)]
+        prompts = [proposer_prompt(catalog.render_api_set(apis)) for apis in api_sets for _ in range(G)]
         batch = rollout(proposer.model, proposer.tok, prompts, cfg, proposer.sampler, desc="proposer")
     codes = [extract_code(c) for c in batch["completions"]]
     set_of = [apis for apis in api_sets for _ in range(G)]
