@@ -2282,7 +2282,8 @@ def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
     assert stats["proposer/unique_valid"] == 2 and stats["proposer/pass_rates"] == [0.5, 1.0]
 
 
-def test_trainer_ablation_flags_are_checked():
+def test_trainer_ablation_flags_are_checked(monkeypatch):
+    monkeypatch.setattr(kz, "model_problem", lambda name: None)   # the default models need not be installed here
     assert kz.parse_config(["--coder-reward", "correctness", "--proposer-mode", "uniform"]).coder_reward == "correctness"
     for bad in (["--coder-reward", "speed"], ["--proposer-mode", "random"]):
         with pytest.raises(SystemExit):
@@ -2739,7 +2740,7 @@ def test_trainer_config_argparse_round_trip():
     with pytest.raises(SystemExit):
         kz.parse_config(["--preset", "huge"])
     if not torch.cuda.is_available():  # the default preset falls back to Triton on the CPU, flags still win
-        cfg = kz.parse_config(["--group-size", "3"])
+        cfg = kz.parse_config(["--group-size", "3", "--coder-model", "tiny", "--proposer-model", "tiny"])
         assert cfg.backend == "triton" and cfg.device == "cpu" and cfg.group_size == 3
     with pytest.raises(SystemExit, match="attention"):
         kz.parse_config(["--preset", "tiny", "--attention", "flash"])
@@ -2926,7 +2927,8 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
 def test_trainer_gpu_static_cache_rollout_and_update():
     """SmolLM2 on CUDA: bf16 sampler with a static cache (compiled decode), fp32 update, sampler refreshed in place."""
     torch.manual_seed(0)
-    cfg = kz.parse_config(["--max-new-tokens", "64", "--micro-batch", "4", "--gen-batch-size", "8"])
+    cfg = kz.parse_config(["--max-new-tokens", "64", "--micro-batch", "4", "--gen-batch-size", "8",
+                           "--coder-model", "smollm2", "--proposer-model", "smollm2"])
     assert cfg.static_cache
     pol = kz.make_policy("smollm2", cfg, 1e-5, torch.device("cuda"))
     assert next(pol.sampler.parameters()).dtype == torch.bfloat16 and next(pol.model.parameters()).dtype == torch.float32

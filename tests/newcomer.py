@@ -42,6 +42,8 @@ def test_newcomer_wrong_flags_get_one_line_before_any_work(argv, says, capsys, m
         monkeypatch.setattr(kz, name, no_work)
     monkeypatch.setattr(synth, "generate_pairs", no_work)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # a hub id is looked up in the cache only
+    real = kz.model_problem   # the default (named) models count as installed: only the flag under test is wrong
+    monkeypatch.setattr(kz, "model_problem", lambda name: None if name in kz.NAMED_MODELS else real(name))
     code, err = _usage_error(kz, capsys, argv + ["--run-dir", str(tmp_path / "run")])
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("kernelzero.py: error: ") and says in err, err
@@ -161,6 +163,7 @@ def test_newcomer_cpu_default_starts_from_shipped_pairs_and_says_its_plan(tmp_pa
     import kernelzero as kz
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: no CPU fallback")
+    monkeypatch.setattr(kz, "model_problem", lambda name: None)   # SmolLM2 need not be installed for the plan
     cfg = kz.parse_config(["--run-dir", str(tmp_path / "run")])
     assert cfg.device == "cpu" and cfg.backend == "triton" and cfg.coder_model == "smollm2"
     assert kz.os.path.isfile(cfg.sft_data) and cfg.sft_dir and "cpu" in cfg.sft_dir
