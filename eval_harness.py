@@ -541,8 +541,8 @@ def _gpu_lock_path(gpu: int) -> str | None:
     ~/.cache/kernelzero), i.e. per user. None where no lock file can be made (then the gate is per process)."""
     uuid = getattr(torch.cuda.get_device_properties(gpu), "uuid", None)
     name = str(uuid) if uuid is not None else f"index{gpu}"
-    root = os.environ.get("KZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kernelzero")
-    path = os.path.join(root, "gpu-locks", f"gpu-{name}.lock")
+    from cuda_ext.build import cache_root
+    path = os.path.join(cache_root(), "gpu-locks", f"gpu-{name}.lock")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "a"), open(path + ".turnstile", "a"):
@@ -1578,7 +1578,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
         warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
     if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
-        deadline, reps, rep = time.monotonic() + budget_s, 300, 0
+        deadline, reps = time.monotonic() + budget_s, 300
     else:          # the fixed rule: the budget spent, 30..300 reps
         estimate = sum(warm.values()) + 0.5 * len(names)
         reps = int(min(300, max(30, budget_s * 1e3 / estimate)))

