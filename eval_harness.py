@@ -13,7 +13,24 @@ What the process isolation protects, and what it does not
   functions, threads, cached tensors) reaches the next one or the caller. It is NOT a security sandbox: candidates
   run with the user's rights and can read/write files, open sockets or escape the process group on purpose. The
   anti-reward-hacking checks target the known ways a *model* games kernel benchmarks
-  (shared/reference/harness-pitfalls.md), not a determined human attacker. Run untrusted code in a container.
+  (the public record: KernelBench issues, Sakana's AI CUDA Engineer, METR, robust-kbench), not a determined human
+  attacker. Run untrusted code in a container. The known tricks ("pitfall #N" in the code; each has a test):
+   1 stale memory (return empty_like, get the reference's old output): run first on NaN-poisoned memory
+   2 input mutation: own clones per call, inputs compared after it
+   3 side streams: a device-wide synchronize before the end event
+   4 threads: static check and thread count
+   5 lazy tensors: outputs must be plain torch.Tensor with real storage
+   6 monkey-patching torch, timers or the harness: identity snapshot, separate processes
+   7 result caching by data_ptr/id: fresh inputs per trial
+   8 degenerate tasks: the task linter
+   9 analytic shortcuts: a heavy-tailed extra trial
+  10 precision downgrade: TF32 flags checked, per-dtype tolerance
+  11 PyTorch fallback or decoy kernel: profiler/launch-hook coverage, static check
+  12 shared namespace: reference and candidate are separate modules, inputs made first
+  13 nondeterminism and races: run twice, compare
+  14 integer targets cast to float: only floating tensors are cast
+  15 baseline mismatch: the reference timed the same way, interleaved, in the same process
+  16 hangs, crashes, poisoned CUDA contexts: one killable process per candidate
 
 How it departs from KernelBench's own eval (src/eval.py)
   1. One fresh process per candidate, separate compile and run timeouts (KernelBench runs in the caller's process).
@@ -32,7 +49,7 @@ How it departs from KernelBench's own eval (src/eval.py)
      reported (means in details for KernelBench comparisons); reference and candidate interleaved in the
      candidate's process after one warm-up rep per input set, timing_budget_s spent (30..300 reps). The spot
      checks compare with GPU copies of the reference outputs, checked against the host's after timing
-     (reward_hack "reference_outputs": the candidate may reach them). Options, off by default (BENCHMARKS session 8):
+     (reward_hack "reference_outputs": the candidate may reach them). Options, off by default (BENCHMARKS.md, "Harness throughput for RL rounds"):
      timing_adaptive (reps until the median's distribution-free 95% confidence interval is within timing_ci of
      it, at least timing_min_reps; not yet measured alone on the GPU) and share_ref_timing (a task's eager timing
      measured once, in its shared reference job; its speedups disagreed with the interleaved rule's).
@@ -65,7 +82,7 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
     process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
-  - Shared reference work (share_reference, off by default until its speedups match, BENCHMARKS session 8): the
+  - Shared reference work (share_reference, off by default until its speedups match, BENCHMARKS.md, "Harness throughput for RL rounds"): the
     candidates of one task in one map call (a GRPO group, an eval's samples) get their
     trials (inputs and reference outputs) and eager timing from one "reference" job. The parent keeps the trials
     as raw bytes and sends each candidate's worker its own copy through its pipe before the candidate is imported:
@@ -147,7 +164,7 @@ DEFAULTS = dict(
     timing=True,             # time reference and candidate (GPU only; CPU timing fields stay None)
     timing_budget_s=2.0,     # ceiling on the wall time of timing reps (fixed rule: the time spent, 30..300 reps)
     timing_adaptive=False,   # reps until every timed median's 95% confidence interval is within timing_ci (off
-                             # until measured alone on the GPU: BENCHMARKS session 8)
+                             # until measured alone on the GPU: BENCHMARKS.md, "Harness throughput for RL rounds")
     timing_ci=0.02,          # (adaptive) the interval's width relative to the median
     timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
@@ -161,7 +178,7 @@ DEFAULTS = dict(
                              # on the host as before. Reference outputs stay on the host either way. No-op on the CPU
     share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
                              # None: on a GPU only. Off: on the H200 the shared group's speedups came out 0.73 vs
-                             # 0.95 unshared for a 0.1 ms ReLU (the verdicts agreed); see BENCHMARKS, session 8
+                             # 0.95 unshared for a 0.1 ms ReLU (the verdicts agreed); see BENCHMARKS.md, "Harness throughput for RL rounds"
     share_ref_timing=False,  # and its eager timing, measured once in the reference job (H200: a 256 MB ReLU's
                              # speedup 1.13 against 0.97 interleaved, so each candidate still times both)
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
@@ -690,7 +707,7 @@ def _worker_main(fd: int) -> None:
 
 
 def _warm_up_gpu_worker(backend: str) -> None:
-    """First uses that cost seconds in a fresh process (H200, session 5): the CUDA context (~0.4 s), the profiler
+    """First uses that cost seconds in a fresh process (H200, 2026-12-03): the CUDA context (~0.4 s), the profiler
     behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up (1.3 s for the first
     kernel, 0.07 s for the next). Workers boot while others hold the GPU, so none of this launches a kernel: an
     empty profile, and a Triton kernel compiled (warmup) but never run."""

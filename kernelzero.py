@@ -86,7 +86,7 @@ class Config:
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
     attention: str = "sdpa_gqa"  # the sampler's attention (ATTENTIONS): "sdpa_gqa" (no per-step K/V copies on GQA
     #                              models), "sdpa" (transformers' stock) or "matmul_decode" (an experiment: faster
-    #                              alone, slower in the whole compiled step; BENCHMARKS.md session 7); on the CPU the
+    #                              alone, slower in the whole compiled step; BENCHMARKS.md, "The matmul form end to end"); on the CPU the
     #                              sampler is the trained model itself
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
@@ -95,7 +95,7 @@ class Config:
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
     #                                  validity only, every valid module joins the pool; probes still measure p)
     # Round sizes: small rounds, many of them. A default round verifies ~64 kernels; the harness is the loop's
-    # bottleneck, and a round takes ~70 s alone on one H200 (BENCHMARKS.md, session 6)
+    # bottleneck, and a round takes ~70 s alone on one H200 (BENCHMARKS.md, commit `397bbe1`)
     api_sets_per_round: int = 2  # API sets sampled per round (weighted toward the Coder's frontier)
     apis_per_set: int = 2  # APIs per set
     group_size_proposer: int = 4  # modules the Proposer writes per API set (its GRPO group)
@@ -149,7 +149,7 @@ class Config:
     eval_every: int = 5  # evaluate the Coder on held-out levels every this many rounds (0 = never)
     eval_levels: str = "1,2"  # held-out kernelbench_tasks levels used during training
     eval_max_tasks: int = 0  # evaluate only the first N tasks per level (0 = all)
-    eval_samples: int = 1  # kernels per task in the held-out eval during training (pass@k for k <= it; 8 in issue 6)
+    eval_samples: int = 1  # kernels per task in the held-out eval during training (pass@k for k <= it; 8 in the replication)
     eval_first: bool = False  # also evaluate before the first round (after SFT): the run's starting point, round -1
     level: int = 1  # eval subcommand: which level
     samples: int = 10  # eval subcommand: samples per task (pass@k for k <= samples)
@@ -865,7 +865,7 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V) logits
     exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16); backward
     recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens). On the H200 the 1.5B shape
-    saved 2.4 GB for 7% of the update's time (BENCHMARKS.md, session 7): token_logprobs already keeps no fp32 copy.
+    saved 2.4 GB for 7% of the update's time (BENCHMARKS.md, "The 1.5B-shaped update"): token_logprobs already keeps no fp32 copy.
     Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
     Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
     config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.

@@ -7,7 +7,7 @@ Sections, in this order: eval_harness.py: isolation, correctness, anti reward ha
 # ---------------------------------------------------------------------------------------------------------------------
 # eval_harness.py: isolation, correctness, anti reward hacking, CLI, lint
 # Tests for eval_harness.py: known-good candidates, one adversarial candidate per pitfall row
-# (shared/reference/harness-pitfalls.md), isolation (timeouts, crashes, no processes left), CLI, lint.
+# (the table in eval_harness.py's docstring), isolation (timeouts, crashes, no processes left), CLI, lint.
 #
 # CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
 # per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
@@ -1983,7 +1983,7 @@ def test_solutions_synth_rendered_solution_matches_module_in_process():
 
 # ---------------------------------------------------------------------------------------------------------------------
 # kernelzero.py: CA-GRPO, rollouts, updates, SFT, the loop, eval
-# Tests for kernelzero.py (the trainer): every number in shared/reference/grpo.md, CA-GRPO invariants, masking,
+# Tests for kernelzero.py (the trainer): the worked numbers of the loss docstrings, CA-GRPO invariants, masking,
 # metrics, a learning test through the real rollout/update code, and the tiny end-to-end loop on the CPU.
 # ---------------------------------------------------------------------------------------------------------------------
 import os

@@ -257,7 +257,7 @@ _gpu = pytest.mark.skipif(not eh.torch.cuda.is_available(), reason="needs a CUDA
 
 @pytest.mark.gpu
 @_gpu
-@pytest.mark.xfail(reason="H200, session 8: verdicts agree, speedups do not (0.73 shared vs 0.95 unshared; 0.81 vs "
+@pytest.mark.xfail(reason="H200, 2026-12-03: verdicts agree, speedups do not (0.73 shared vs 0.95 unshared; 0.81 vs "
                    "0.98 with adaptive timing): share_reference stays off until this passes", strict=False)
 def test_harness_gpu_shared_reference_agrees_with_unshared():
     """On the GPU: a group of one task shares its reference's trials; verdicts equal those of the unshared harness
