@@ -991,11 +991,12 @@ def _detach_cpu(out):
 
 
 def _repeatable(a, b) -> bool:
-    """Two runs of a task on the same inputs agree: bit for bit, or for floats within a hundredth of the candidates'
-    tolerance (a CPU GEMM's blocking can follow the threads a loaded machine gives it; randomness differs by O(1))."""
+    """Two runs of a task on the same inputs agree: bit for bit, or for floats within a tenth of the candidates'
+    tolerance (a CPU GEMM's first and second calls can differ by 5e-6 relative: 023_LinearSiluLogSumExp on the
+    2-core box; such noise cannot flip a verdict, while randomness differs by O(1))."""
     if _same(a, b):
         return True
-    tol = TOLERANCES.get(str(a.dtype).removeprefix("torch."), 1e-4) / 100 if a.is_floating_point() else None
+    tol = TOLERANCES.get(str(a.dtype).removeprefix("torch."), 1e-4) / 10 if a.is_floating_point() else None
     return tol is not None and a.shape == b.shape and torch.allclose(a, b.to(a.device), rtol=tol, atol=tol,
                                                                      equal_nan=True)
 

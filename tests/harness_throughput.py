@@ -370,12 +370,12 @@ return y
 
 
 def test_harness_lint_determinism_allows_reordered_sums_not_randomness():
-    """A task's two runs must agree to a hundredth of the candidates' tolerance: a GEMM whose blocking follows the
-    threads a loaded CPU gives it differs in the last bits and is deterministic; fresh randomness is not."""
+    """A task's two runs must agree to a tenth of the candidates' tolerance: a CPU GEMM whose first and second calls
+    differ by ~5e-6 relative is deterministic enough; fresh randomness is not."""
     import torch
     x = torch.randn(1000)
     assert eh._repeatable(x, x.clone())
-    assert eh._repeatable(x, x * (1 + 1e-7))              # last-bit reordering of a sum
+    assert eh._repeatable(x, x * (1 + 5e-6))              # a reordered GEMM sum
     assert not eh._repeatable(x, x * (1 + 1e-4))           # a candidate-sized error is not "the same"
     assert not eh._repeatable(x, torch.randn(1000))        # dropout-like randomness
     ints = torch.arange(10)
