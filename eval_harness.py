@@ -116,6 +116,7 @@ import importlib.util
 import inspect
 import json
 import multiprocessing
+import multiprocessing.reduction
 import os
 import queue
 import random
@@ -371,15 +372,51 @@ def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Worker processes, parent side. Popen (not multiprocessing): start_new_session puts the worker in its own process
-# group before Python starts (no race with the kill), the environment (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES) is set
-# before anything is imported, and the caller's __main__ (e.g. the trainer) is not re-imported in every worker.
+# Worker processes, parent side. Each pool starts one zygote with subprocess.Popen (not multiprocessing): its
+# environment (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__
+# (e.g. the trainer) is not re-imported. The zygote imports torch (and triton) once and then only forks: every
+# worker is a fresh os.fork() of it, so a worker starts in milliseconds instead of re-importing torch (~6 s of CPU
+# on the H200 machine, 16 workers booting at once), and no candidate has ever run in the state it starts from.
 
-_BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_harness._worker_main(int(sys.argv[1]))"
+_BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_harness._zygote_main(int(sys.argv[1]))"
+
+
+class _Zygote:
+    """A process that imported the workers' modules in one environment; fork() makes a worker and returns its pid.
+    Requests go over one socket (a lock serialises them); a new worker's two pipe ends (its job pipe, its output)
+    travel as file descriptors (SCM_RIGHTS). The zygote never touches CUDA (a forked child could not use it) and
+    never runs candidate code. Its workers are its children, so it also reaps them and reports their exit codes."""
+
+    def __init__(self, env: dict):
+        self.conn, child = multiprocessing.Pipe()   # (a socketpair: it can carry file descriptors)
+        boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
+        self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], env=env,
+                                     pass_fds=[child.fileno()], start_new_session=True, stdin=subprocess.DEVNULL)
+        child.close()
+        self.lock = threading.Lock()
+
+    def ask(self, *request, fds: tuple = (), timeout: float = 300.0):
+        with self.lock:
+            self.conn.send(request)
+            for fd in fds:
+                multiprocessing.reduction.send_handle(self.conn, fd, self.proc.pid)
+            if not self.conn.poll(timeout):   # (the first request waits for the zygote's imports)
+                raise RuntimeError(f"the worker zygote did not answer {request[0]!r} in {timeout:.0f} s")
+            return self.conn.recv()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.close()   # the zygote sees EOF and exits; its idle workers follow (_die_with_parent)
+        self.proc.kill()
+        self.proc.wait()
 
 
 class _Worker:
-    """One spawned process in its own session; runs exactly one job, then it and its process group are killed.
+    """One process forked from a zygote, in its own session; runs exactly one job, then it and its process group
+    are killed.
 
     Its stdout and stderr (the candidate's prints, faulthandler's traceback) go to a pipe that a parent thread drains,
     keeping only the last TAIL_BYTES for error messages: a candidate that prints a lot (4 MB per call, called hundreds
@@ -388,16 +425,20 @@ class _Worker:
 
     TAIL_BYTES = 64 * 1024
 
-    def __init__(self, env: dict):
-        self.dir = tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs
+    def __init__(self, zygote: _Zygote):
+        self.zygote, self.dir = zygote, tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs
         self.conn, child = multiprocessing.Pipe()
-        boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
-        self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], cwd=self.dir, env=env,
-                                     pass_fds=[child.fileno()], start_new_session=True,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        child.close()
+        out_read, out_write = os.pipe()
+        try:
+            self.pid = zygote.ask("fork", self.dir, fds=(child.fileno(), out_write))
+        except BaseException:
+            os.close(out_read)
+            raise
+        finally:
+            child.close()
+            os.close(out_write)
         self.tail, self.output_bytes = collections.deque(), 0
-        self.drain = threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True)
+        self.drain = threading.Thread(target=self._drain, args=(open(out_read, "rb"),), daemon=True)
         self.drain.start()
 
     def _drain(self, pipe) -> None:
@@ -413,12 +454,18 @@ class _Worker:
         with contextlib.suppress(OSError):
             pipe.close()
 
+    def exit_code(self, timeout: float = 5.0) -> int | None:
+        """The worker's exit code (negative: killed by that signal) once it has ended; None if it still runs after
+        `timeout` s (e.g. stuck in the GPU driver: its zygote reaps it later) or its zygote is gone."""
+        with contextlib.suppress(Exception):
+            return self.zygote.ask("reap", self.pid, timeout, timeout=timeout + 30)
+        return None
+
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)   # the group: the candidate's own children die too
-        self.proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):   # (a process stuck in the GPU driver: do not hang)
-            self.proc.wait(timeout=60)
+        for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):   # the group: the candidate's children too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(target, signal.SIGKILL)
+        self.exit_code(timeout=1.0)   # (a process stuck in the GPU driver: reaped later, do not hang)
         self.drain.join(timeout=5)   # (EOF once the group is dead; a child that escaped it may hold the pipe open)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -430,28 +477,47 @@ class _Worker:
 
 
 class _Pool:
-    """Keeps `spare` idle workers that already imported torch (and triton), so process start-up is hidden."""
+    """One zygote and `spare` idle workers forked from it that are past their own start-up (the CUDA context,
+    Triton's first compile), so that start-up hides behind other candidates' work. A zygote that died (e.g. killed
+    for memory) is restarted; its idle workers died with it and are dropped."""
 
     def __init__(self, env: dict, spare: int):
-        self.env, self.spare, self.idle, self.lock = env, spare, [], threading.Lock()
+        self.env, self.spare, self.idle, self.lock, self.zygote = env, spare, [], threading.Lock(), None
+
+    def _fork(self) -> _Worker:   # (under self.lock)
+        if self.zygote is not None and not self.zygote.alive():
+            for worker in self.idle:
+                worker.kill()
+            self.idle.clear()
+            self.zygote.close()
+            self.zygote = None
+        if self.zygote is None:
+            self.zygote = _Zygote(self.env)
+        return _Worker(self.zygote)
 
     def take(self) -> _Worker:
         with self.lock:
-            worker = self.idle.pop(0) if self.idle else None
+            if self.zygote is not None and not self.zygote.alive():
+                worker = self._fork()   # (drops the dead zygote's idle workers)
+            else:
+                worker = self.idle.pop(0) if self.idle else self._fork()
         self.fill()
-        return worker or _Worker(self.env)
+        return worker
 
     def fill(self) -> None:
-        """Start workers until `spare` are idle (they boot in the background: Popen returns at once)."""
+        """Fork workers until `spare` are idle (each then boots on its own: fork returns at once)."""
         with self.lock:
             while len(self.idle) < self.spare:
-                self.idle.append(_Worker(self.env))
+                self.idle.append(self._fork())
 
     def close(self) -> None:
         with self.lock:
             for worker in self.idle:
                 worker.kill()
             self.idle.clear()
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
 
 
 class _Gate:
@@ -624,9 +690,7 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 elif message[0] == "pack":   # a reference job's trials, one raw message per tensor
                     pack = {"meta": message[1], "buffers": [_recv_raw(worker.conn) for _ in message[1]["tensors"]]}
             except (EOFError, OSError):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    worker.proc.wait(timeout=5)
-                rc = worker.proc.returncode
+                rc = worker.exit_code()
                 how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
                 return finish({"error_kind": "crash", "compiled": phase == "run",
                                "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
@@ -639,12 +703,12 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                 start = time.monotonic()
                 if message[0] == "mem":
                     admit(message[1], message[2])
-                elif gate:   # release what the worker holds, then wait for the mode it asks for
+                elif gate:   # release what the worker holds, then wait for the mode it asks for ("none": nothing)
                     if held:
                         gate.release(held, held_fd)
-                    held_fd = gate.acquire(message[1])
+                    held_fd = gate.acquire(message[1]) if message[1] != "none" else None
                 if message[0] == "gpu":
-                    held = message[1]
+                    held = message[1] if message[1] != "none" else None
                 wait = time.monotonic() - start
                 if message[0] == "mem":
                     mem_waited += wait
@@ -681,6 +745,67 @@ def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | Non
 # ---------------------------------------------------------------------------------------------------------------------
 # Inside the worker: entry point, module loading, instrumentation (build patch, launch counter, op recorder, snapshot)
 
+def _zygote_main(fd: int) -> None:
+    """Import what every worker needs, then fork a worker per request. It never touches CUDA (a forked child could
+    not use it), starts no thread (fork copies only the calling one) and never runs candidate code. Requests:
+    ("fork", workdir) followed by the worker's job-pipe and output ends -> its pid; ("reap", pid, timeout) -> its
+    exit code, or None while it still runs. EOF on the request socket (the pool closed it, or the caller died) ends
+    the zygote; its idle workers follow it (_die_with_parent)."""
+    conn = Connection(fd)
+    import torch.utils._python_dispatch  # noqa: F401  (the op recorder's base class)
+    # (Not torch.utils.cpp_extension: importing it asks the CUDA driver for its devices, and torch then refuses CUDA
+    # in every forked child, "Cannot re-initialize CUDA in forked subprocess"; H200, torch 2.11.)
+    if os.environ["KZ_BACKEND"] in ("triton", "cuda") and os.environ["KZ_DEVICE"] == "cuda":
+        import torch.profiler  # noqa: F401  (its Python side; CUPTI itself starts in each worker that profiles)
+    if os.environ["KZ_BACKEND"] == "triton":
+        import triton  # noqa: F401  (and its compiler's Python side: the JIT's first use in a worker is shorter)
+        import triton.compiler.compiler  # noqa: F401
+        import triton.language  # noqa: F401
+        import triton.runtime.autotuner  # noqa: F401
+    exited, unreaped = {}, set()   # pid -> exit code; pids asked for that were still running
+
+    def reap(pid: int) -> bool:
+        with contextlib.suppress(ChildProcessError):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                return False
+            exited[pid] = os.waitstatus_to_exitcode(status)
+        return True
+
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        unreaped = {pid for pid in unreaped if not reap(pid)}
+        if request[0] == "fork":
+            job_fd, out_fd = (multiprocessing.reduction.recv_handle(conn) for _ in range(2))
+            pid = os.fork()
+            if pid == 0:   # the worker: its own session first, so that the pool's kill reaches its whole group
+                try:
+                    os.setsid()
+                    conn.close()   # (the candidate cannot reach the zygote)
+                    os.chdir(request[1])
+                    os.dup2(out_fd, 1)
+                    os.dup2(out_fd, 2)
+                    os.close(out_fd)
+                    _worker_main(job_fd)
+                except BaseException:   # (the parent reads it from the worker's output: "worker died ...")
+                    traceback.print_exc()
+                finally:
+                    os._exit(1)
+            os.close(job_fd)
+            os.close(out_fd)
+            conn.send(pid)
+        elif request[0] == "reap":
+            pid, deadline = request[1], time.monotonic() + request[2]
+            while not reap(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if pid not in exited:
+                unreaped.add(pid)
+            conn.send(exited.pop(pid, None))
+
+
 def _worker_main(fd: int) -> None:
     conn = Connection(fd)
     device, role = os.environ["KZ_DEVICE"], os.environ["KZ_ROLE"]
@@ -707,14 +832,15 @@ def _worker_main(fd: int) -> None:
 
 
 def _warm_up_gpu_worker(backend: str) -> None:
-    """First uses that cost seconds in a fresh process (H200, 2026-12-03): the CUDA context (~0.4 s), the profiler
-    behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up (1.3 s for the first
-    kernel, 0.07 s for the next). Workers boot while others hold the GPU, so none of this launches a kernel: an
+    """First uses that cost seconds in a fresh process (H200, 2026-12-03): the CUDA context (~0.4 s), for CUDA
+    candidates the profiler behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up
+    (1.3 s for the first kernel, 0.07 s for the next). Workers boot while others hold the GPU, so none of this launches a kernel: an
     empty profile, and a Triton kernel compiled (warmup) but never run."""
-    torch.zeros(1, device="cuda")   # context creation (+ one tiny fill; the pre-session-5 boot did the same)
-    from torch.profiler import ProfilerActivity, profile
-    with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-        warnings.simplefilter("ignore")
+    torch.zeros(1, device="cuda")   # context creation (and one tiny fill)
+    if backend == "cuda":   # (Triton candidates are seen through their launches: no profiler, _kernel_coverage)
+        from torch.profiler import ProfilerActivity, profile
+        with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            warnings.simplefilter("ignore")
     if backend == "triton":
         import triton
         import triton.language as tl
@@ -793,6 +919,7 @@ class _Instrumentation:
         self.ops = collections.Counter()        # non-glue aten ops during forward (outside own launches)
         self.builds = []                        # load_inline calls: {"name", "cuda_sources"}
         self.recording, self.paused = False, 0
+        self.turn = None                        # (conn, "shared") while the worker checks correctness on a GPU
         self.problems = []                      # deterministic/fill flags flipped inside a candidate call
         instr = self
 
@@ -847,6 +974,11 @@ class _Instrumentation:
                 finally:
                     self.paused -= 1
             cls.run = run
+        if hasattr(JITFunction, "_do_compile"):   # (triton >= 3.3)
+            def do_compile(kernel, *args, _original=JITFunction._do_compile, **kwargs):
+                with self.off_gpu():
+                    return _original(kernel, *args, **kwargs)
+            JITFunction._do_compile = do_compile
         from triton.runtime.autotuner import Autotuner   # its benchmarking statistics use torch: not a fallback
         interpreted = len(classes) > 1
 
@@ -859,6 +991,22 @@ class _Instrumentation:
             finally:
                 self.paused -= 1
         Autotuner.run = tune
+
+    @contextlib.contextmanager
+    def off_gpu(self):
+        """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
+        the GPU then waits for other candidates' GPU work only, not for their compiles (writer-preferring _Gate)."""
+        if self.turn is None:   # (CPU mode, or the GPU held alone: keep it)
+            yield
+            return
+        conn, self.turn = self.turn[0], None
+        torch.cuda.synchronize()   # our kernels finish before another worker may time
+        _gpu_turn(conn, "none")
+        try:
+            yield
+        finally:
+            _gpu_turn(conn, "shared")
+            self.turn = (conn, "shared")
 
     @contextlib.contextmanager
     def candidate_call(self, poison_bytes: int):
@@ -1214,6 +1362,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         return info
     compile_s = info["compile_s"]
     send(("phase", "run"))
+    if device.type == "cuda" and turn == "shared":
+        instr.turn = (conn, "shared")   # Triton JIT compiles give it back meanwhile (off_gpu)
 
     def failed(kind, error, check=None):
         return _fail(kind, error, details, check, compiled=True, compile_s=compile_s)
@@ -1265,7 +1415,9 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     details["torch_ops"] = dict(instr.ops)
     if job["backend"] == "triton" and not instr.launches:
         return failed("reward_hack", "no @triton.jit kernel of the candidate ran during forward", "kernel_not_launched")
-    if device.type == "cuda":
+    if job["backend"] == "triton":   # a counted launch is one that reached the driver: the profiler adds nothing
+        details["own_kernels"] = sorted(instr.launches)   # here and costs seconds of CUPTI start-up per worker
+    elif device.type == "cuda":
         clock = time.monotonic()
         try:
             coverage = _kernel_coverage(cand_model, trials[0]["inputs"], device, instr)
@@ -1282,6 +1434,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     # 5. timing (GPU only)
     result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
     if device.type == "cuda" and opts["timing"]:
+        instr.turn = None
         _gpu_turn(conn, "exclusive")   # nothing else runs on this GPU while we time
         clock = time.monotonic()
         try:
@@ -1832,8 +1985,8 @@ class Evaluator:
             # Each idle worker holds ~0.5-1 GB of host memory and a CUDA context.
             self.pools[gpu] = _Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
             self.gates[gpu] = _Gate(_gpu_lock_path(gpu))
-        for pool in self.pools.values():   # boot now (the trainer generates meanwhile), not at the first candidate
-            pool.fill()
+        for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
+            threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
         return _to_result(self._run_raw(pool, job))

@@ -844,7 +844,8 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": GOOD_RELU, "backend": "triton", "device": "cpu",
                "opts": eh.DEFAULTS}
         limits = {"startup": 300.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        worker = eh._Worker(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        zygote = eh._Zygote(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        worker = eh._Worker(zygote)
         box = {}
         thread = threading.Thread(target=lambda: box.update(r=eh._run_job(worker, job, limits, gate)), daemon=True)
         thread.start()
@@ -855,6 +856,7 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
         finally:
             gate.release("exclusive")
         thread.join(120)
+        zygote.close()
         assert box["r"]["error_kind"] == "ok", box["r"]
         assert box["r"]["details"]["gpu_wait_s"] > 0
         return made
@@ -1001,7 +1003,7 @@ def test_harness_gpu_known_good_cuda_and_triton_with_timing():
     _show("good triton", triton_)
     assert triton_.error_kind == "ok", triton_
     assert triton_.speedup > 0 and triton_.details["reps"] >= 30 and triton_.details["compile_baseline_ms"] > 0
-    assert triton_.details["own_kernels"] and triton_.details["kernel_coverage"] > 0.5, triton_.details
+    assert triton_.details["own_kernels"] == sorted(triton_.details["launches"]), triton_.details   # (no profiler)
     autotuned = eh.evaluate(GPU_RELU_TASK, GOOD_AUTOTUNED, backend="triton", device="cuda")
     _show("autotuned", autotuned)
     assert autotuned.error_kind == "ok", autotuned   # do_bench's torch ops are not a PyTorch fallback

@@ -210,6 +210,9 @@ def test_harness_with_options_shares_the_started_workers():
     the view closes nothing."""
     t = _t()
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        deadline = time.monotonic() + 120
+        while len(ev.pools["cpu"].idle) < 2 and time.monotonic() < deadline:   # forked in the background
+            time.sleep(0.1)
         assert len(ev.pools["cpu"].idle) == 2   # booted ahead, before the first candidate
         short = ev.with_options(timing_budget_s=0.25)
         assert short.pools is ev.pools and short.opts["timing_budget_s"] == 0.25
