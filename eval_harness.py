@@ -745,6 +745,25 @@ def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | Non
 # ---------------------------------------------------------------------------------------------------------------------
 # Inside the worker: entry point, module loading, instrumentation (build patch, launch counter, op recorder, snapshot)
 
+def _zygote_imports() -> None:
+    """What a zygote does once for all its workers: the imports and first uses that cost seconds. Nothing here may
+    touch the CUDA driver or start a thread (tests/harness_throughput.py checks both)."""
+    import torch.utils._python_dispatch  # noqa: F401  (the op recorder's base class)
+    with torch.device("meta"):   # the first meta tensor imports torch's meta kernels: ~3.4 s per worker (H200),
+        (torch.randn(2) * 2).sum()   # spent in _input_bytes_on_meta while the worker holds its GPU slot
+    # (Not torch.utils.cpp_extension: importing it asks the CUDA driver for its devices, and torch then refuses CUDA
+    # in every forked child, "Cannot re-initialize CUDA in forked subprocess"; H200, torch 2.11.)
+    if os.environ["KZ_BACKEND"] == "cuda" and os.environ["KZ_DEVICE"] == "cuda":
+        import torch.profiler  # noqa: F401  (its Python side; CUPTI itself starts in each worker that profiles)
+    if os.environ["KZ_BACKEND"] == "triton":
+        import triton  # noqa: F401  (and its compiler's Python side: the JIT's first use in a worker is shorter)
+        import triton.compiler.compiler  # noqa: F401
+        import triton.language  # noqa: F401
+        import triton.runtime.autotuner  # noqa: F401
+        if os.environ.get("KZ_TRITON_ARCH"):
+            _warm_up_triton_compiler(int(os.environ["KZ_TRITON_ARCH"]))
+
+
 def _zygote_main(fd: int) -> None:
     """Import what every worker needs, then fork a worker per request. It never touches CUDA (a forked child could
     not use it), starts no thread (fork copies only the calling one) and never runs candidate code. Requests:
@@ -752,16 +771,7 @@ def _zygote_main(fd: int) -> None:
     exit code, or None while it still runs. EOF on the request socket (the pool closed it, or the caller died) ends
     the zygote; its idle workers follow it (_die_with_parent)."""
     conn = Connection(fd)
-    import torch.utils._python_dispatch  # noqa: F401  (the op recorder's base class)
-    # (Not torch.utils.cpp_extension: importing it asks the CUDA driver for its devices, and torch then refuses CUDA
-    # in every forked child, "Cannot re-initialize CUDA in forked subprocess"; H200, torch 2.11.)
-    if os.environ["KZ_BACKEND"] in ("triton", "cuda") and os.environ["KZ_DEVICE"] == "cuda":
-        import torch.profiler  # noqa: F401  (its Python side; CUPTI itself starts in each worker that profiles)
-    if os.environ["KZ_BACKEND"] == "triton":
-        import triton  # noqa: F401  (and its compiler's Python side: the JIT's first use in a worker is shorter)
-        import triton.compiler.compiler  # noqa: F401
-        import triton.language  # noqa: F401
-        import triton.runtime.autotuner  # noqa: F401
+    _zygote_imports()
     exited, unreaped = {}, set()   # pid -> exit code; pids asked for that were still running
 
     def reap(pid: int) -> bool:
@@ -804,6 +814,29 @@ def _zygote_main(fd: int) -> None:
             if pid not in exited:
                 unreaped.add(pid)
             conn.send(exited.pop(pid, None))
+
+
+def _warm_up_triton_compiler(arch: int) -> bool:
+    """Compile one tiny kernel for GPU architecture `arch` (e.g. 90) without touching the driver: the compiler's
+    one-time start-up (MLIR and LLVM set-up, ptxas found and run) then happens once in the zygote instead of in every
+    worker (~1 s of CPU each; a forked child's next compile took 0.07 s on a CPU box). It starts no thread, so the
+    zygote stays safe to fork. A failure here only costs the time it would have saved (returns False)."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def _kz_zygote(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    try:
+        src = ASTSource(fn=_kz_zygote, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                        constexprs={"BLOCK": 16})
+        return "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
+    except Exception:
+        return False
 
 
 def _worker_main(fd: int) -> None:
@@ -1000,13 +1033,24 @@ class _Instrumentation:
             yield
             return
         conn, self.turn = self.turn[0], None
-        torch.cuda.synchronize()   # our kernels finish before another worker may time
+        if self.device == "cuda":
+            torch.cuda.synchronize()   # our kernels finish before another worker may time
         _gpu_turn(conn, "none")
         try:
             yield
         finally:
             _gpu_turn(conn, "shared")
             self.turn = (conn, "shared")
+
+    def yield_turn(self) -> None:
+        """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
+        whole check (the parent gives the shared turn back and waits for it again, behind any waiting timer). So
+        a timer waits for one trial of each holder instead of their whole checks (H200: 1.85 s per candidate)."""
+        if self.turn is None:
+            return
+        if self.device == "cuda":
+            torch.cuda.synchronize()   # our kernels finish before another worker may time
+        _gpu_turn(self.turn[0], "shared")
 
     @contextlib.contextmanager
     def candidate_call(self, poison_bytes: int):
@@ -1129,12 +1173,21 @@ def _to_device(xs: list, device) -> list:
     return [x.to(device, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of t. From the GPU into page-locked memory when it is at most 1 GB: a 256 MB output copies in
+    ~10 ms instead of the ~230 ms of pageable memory (H200), and a task's 6 trials copy theirs per candidate."""
+    t = t.detach()
+    if t.is_cuda and t.nbytes <= 2**30:
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+    return t.to("cpu", copy=True)
+
+
 def _detach_cpu(out):
     """The reference output, stored on the host: a tensor or a tuple/list of tensors."""
     if isinstance(out, torch.Tensor):
-        return out.detach().to("cpu", copy=True)
+        return _host_copy(out)
     if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
-        return type(out)(t.detach().to("cpu", copy=True) for t in out)
+        return type(out)(_host_copy(t) for t in out)
     raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
 
 
@@ -1362,8 +1415,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         return info
     compile_s = info["compile_s"]
     send(("phase", "run"))
-    if device.type == "cuda" and turn == "shared":
-        instr.turn = (conn, "shared")   # Triton JIT compiles give it back meanwhile (off_gpu)
+    if turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
+        instr.turn = (conn, "shared")
 
     def failed(kind, error, check=None):
         return _fail(kind, error, details, check, compiled=True, compile_s=compile_s)
@@ -1374,6 +1427,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     try:
         cand_model = build(cand.ModelNew, init_inputs)
         for t, trial in enumerate(trials):
+            if t:
+                instr.yield_turn()
             pristine = _to_device(trial["inputs"], device)
             # Same tensor objects (same id() and data_ptr) refilled with the new trial's values when shapes allow:
             # an output cache keyed by id/data_ptr replays the previous trial and fails (pitfall #7).
@@ -1978,6 +2033,9 @@ class Evaluator:
         self.memory = _Memory(host * 2**30 if host is not None else 0.7 * _host_available_bytes(), gpu_bytes)
         for gpu in self.gpus:
             env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
+            if self.backend == "triton":   # the zygote warms Triton's compiler up for this GPU (no driver there)
+                major, minor = torch.cuda.get_device_capability(gpu)
+                env["KZ_TRITON_ARCH"] = str(10 * major + minor)
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
             # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),

@@ -383,3 +383,150 @@ def test_harness_lint_determinism_allows_reordered_sums_not_randomness():
     assert not eh._repeatable(x, torch.randn(1000))        # dropout-like randomness
     ints = torch.arange(10)
     assert eh._repeatable(ints, ints.clone()) and not eh._repeatable(ints, ints + 1)   # integers stay exact
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Workers forked from a zygote
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()   # state, ppid, pgrp, session, ...
+
+
+def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
+    """Every worker is a new child of its pool's zygote, leads its own session (the kill reaches its group), runs
+    one job, and its exit code comes back through the zygote (a kill reads as -SIGKILL)."""
+    t = _t()
+    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    try:
+        a, b = pool.take(), pool.take()
+        assert a.pid != b.pid and pool.zygote.alive()
+        for worker in (a, b):
+            deadline = time.monotonic() + 60   # (setsid() is the child's first act after the fork returned)
+            while int(_stat(worker.pid)[3]) != worker.pid and time.monotonic() < deadline:
+                time.sleep(0.01)
+            state = _stat(worker.pid)
+            assert int(state[1]) == pool.zygote.proc.pid, state   # forked by the zygote, not spawned by us
+            assert int(state[3]) == worker.pid and int(state[2]) == worker.pid   # its own session and group
+        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
+               "device": "cpu", "opts": eh.DEFAULTS}
+        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+        assert eh._run_job(a, job, limits)["error_kind"] == "ok"   # (_run_job kills it afterwards)
+        b.kill()
+        assert not os.path.exists(f"/proc/{b.pid}")   # killed and reaped by its zygote: no zombie left
+        assert b.exit_code(timeout=5) is None   # (the zygote knows no such child any more)
+    finally:
+        pool.close()
+    assert pool.zygote is None
+
+
+def test_harness_worker_exit_code_through_the_zygote():
+    """A worker killed by a signal reports that signal, read by its zygote (the worker is not our child)."""
+    import signal
+    zygote = eh._Zygote(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+    try:
+        worker = eh._Worker(zygote)
+        assert worker.conn.poll(120) and worker.conn.recv()[0] == "ready"
+        os.kill(worker.pid, signal.SIGSEGV)
+        assert worker.exit_code(timeout=30) == -signal.SIGSEGV
+        worker.kill()   # (already gone: no error)
+    finally:
+        zygote.close()
+
+
+def test_harness_pool_restarts_a_dead_zygote():
+    """A zygote that died (killed for memory, say) takes its idle workers with it; the next take() starts a new
+    zygote, drops the dead idle workers, and its worker runs the job."""
+    t = _t()
+    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=1)
+    try:
+        pool.fill()
+        first = pool.zygote
+        first.proc.kill()
+        first.proc.wait()
+        worker = pool.take()
+        assert pool.zygote is not first and pool.zygote.alive()
+        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
+               "device": "cpu", "opts": eh.DEFAULTS}
+        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+        assert eh._run_job(worker, job, limits)["error_kind"] == "ok"
+    finally:
+        pool.close()
+
+
+def test_harness_zygote_imports_touch_no_driver_and_start_no_thread():
+    """torch refuses CUDA in a child forked after the parent asked the driver anything ("Cannot re-initialize CUDA
+    in forked subprocess"; importing torch.utils.cpp_extension does), and fork copies only the calling thread. So the
+    zygote's imports and warm-ups, here with a GPU's settings, leave no CUDA state, no new thread (native ones
+    counted too) and no cpp_extension; the Triton compiler warm-up for sm_90 succeeds without a GPU."""
+    import json
+    import subprocess
+    import sys
+    code = ("import os, sys, json, threading, torch, eval_harness as eh; before = len(os.listdir('/proc/self/task'));"
+            "eh._zygote_imports(); print(json.dumps({'threads': len(os.listdir('/proc/self/task')) - before,"
+            "'py_threads': threading.active_count(), 'cuda': torch.cuda.is_initialized(),"
+            "'cpp_extension': 'torch.utils.cpp_extension' in sys.modules, 'triton': 'triton' in sys.modules,"
+            "'compiled': eh._warm_up_triton_compiler(90)}))")
+    env = dict(os.environ, KZ_BACKEND="triton", KZ_DEVICE="cuda", KZ_TRITON_ARCH="90")
+    env.pop("TRITON_INTERPRET", None)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=here, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    facts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert facts == {"threads": 0, "py_threads": 1, "cuda": False, "cpp_extension": False, "triton": True,
+                     "compiled": True}, facts
+
+
+def test_harness_zygote_with_the_compiler_warm_up_still_runs_candidates():
+    """A CPU-mode pool whose zygote also warmed the Triton compiler up for a GPU: its forked workers still run
+    candidates (the warm-up left the zygote safe to fork)."""
+    t = _t()
+    env = dict(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), KZ_TRITON_ARCH="90")
+    pool = eh._Pool(env, spare=0)
+    try:
+        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
+               "device": "cpu", "opts": eh.DEFAULTS}
+        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+        assert eh._run_job(pool.take(), job, limits)["error_kind"] == "ok"
+    finally:
+        pool.close()
+
+
+def test_harness_a_waiting_timer_gets_the_gpu_between_trials(tmp_path):
+    """A worker checking correctness gives its shared GPU turn back between trials: a timer that starts waiting
+    during the first trial gets the GPU before the check is over, and the check then goes on to its verdict."""
+    t = _t()
+    calls = tmp_path / "calls"
+    slow = t._harness_relu(f'''
+        open({str(calls)!r}, "a").write("x")
+        time.sleep(0.3)
+        out = torch.empty_like(x)
+        relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+        return out''', extra="import time\n")
+    gate, first_call, timer_done = eh._Gate(), threading.Event(), {}
+    job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": slow, "backend": "triton", "device": "cpu",
+           "opts": dict(eh.DEFAULTS, timing=False)}
+    limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 120.0}
+    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(r=eh._run_job(pool.take(), job, limits, gate)), daemon=True)
+    worker.start()
+
+    def timer():
+        while not calls.exists():   # the candidate's first forward has begun: it holds the shared turn
+            time.sleep(0.01)
+        gate.acquire("exclusive")
+        timer_done["calls"] = len(calls.read_text())   # forwards run so far, when the timer got the GPU
+        gate.release("exclusive")
+    timing = threading.Thread(target=timer, daemon=True)
+    timing.start()
+    try:
+        timing.join(120)
+        worker.join(120)
+    finally:
+        pool.close()
+    assert box["r"]["error_kind"] == "ok", box["r"]
+    total = len(calls.read_text())   # trials + the two self-agreement reruns
+    assert total >= eh.DEFAULTS["trials"] + 1
+    assert 1 <= timer_done["calls"] <= 3 < total, (timer_done, total)   # in after the first trial, not at the end
