@@ -713,9 +713,9 @@ def _peak_rss_gb() -> float:
 
 
 def _round_opts(text: str) -> dict:
-    """Evaluator options from "key=value,...": true/false/none, numbers, else strings."""
+    """Evaluator options from "key=value,...": true/false/none, numbers, else strings (gpu_workers=16 too)."""
     words = {"true": True, "false": False, "none": None}
-    return {k: words[v.lower()] if v.lower() in words else float(v) if "." in v or v.isdigit() else v
+    return {k: words[v.lower()] if v.lower() in words else int(v) if v.isdigit() else float(v) if "." in v else v
             for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
@@ -743,7 +743,7 @@ def bench_round(cfg: Config, tag: str) -> None:
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
     for name, (module, opts) in runs.items():
         t0 = time.perf_counter()
-        with module.Evaluator(backend="triton", gpu_workers=cfg.gpu_workers, progress=False, **opts) as ev:
+        with module.Evaluator(backend="triton", progress=False, **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
             t1 = time.perf_counter()   # (the Evaluator boots its workers from here on, in the background)
             results = ev.map([(r, c) for r, c, _ in pairs])
             map_s = time.perf_counter() - t1

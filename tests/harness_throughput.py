@@ -235,18 +235,21 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
     monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples: [
         (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
     cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1,
-                       round_timing="inputs_on_device=false;timing_budget_s=0.25,inputs_on_device=true")
+                       round_timing="inputs_on_device=false;timing_budget_s=0.25,inputs_on_device=true,gpu_workers=2")
     bench.bench_round(cfg, "test")
     rows = [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
     summary = rows[-1]
-    assert [r["section"] for r in rows] == ["round_inputs_on_device=false", "round_timing_budget_s=0.25,"
-                                            "inputs_on_device=true", "round_baseline", "round"]
-    assert summary["timing_budget_s=0.25,inputs_on_device=true"]["opts"] == {"timing_budget_s": 0.25,
-                                                                              "inputs_on_device": True}
-    for name in ("inputs_on_device=false", "timing_budget_s=0.25,inputs_on_device=true"):
+    second = "timing_budget_s=0.25,inputs_on_device=true,gpu_workers=2"   # (an Evaluator argument, not an option)
+    assert [r["section"] for r in rows] == ["round_inputs_on_device=false", "round_" + second, "round_baseline",
+                                            "round"]
+    assert summary[second]["opts"] == {"timing_budget_s": 0.25, "inputs_on_device": True, "gpu_workers": 2}
+    for name in ("inputs_on_device=false", second):
         assert summary[name]["kinds"] == ["ok", "mismatch"]
         assert summary[name]["vs_baseline"]["same_verdicts"] == 2
-    assert summary["timing_budget_s=0.25,inputs_on_device=true"]["vs_first"]["same_verdicts"] == 2
+    assert summary[second]["vs_first"]["same_verdicts"] == 2
+    opts = bench._round_opts("gpu_workers=16,trials=3,timing_budget_s=0.05,share_reference=false,x=y")
+    assert opts == {"gpu_workers": 16, "trials": 3, "timing_budget_s": 0.05, "share_reference": False, "x": "y"}
+    assert type(opts["gpu_workers"]) is int and type(opts["trials"]) is int
     assert "verdicts = baseline" in capsys.readouterr().out
 
 
