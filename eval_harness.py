@@ -1257,18 +1257,22 @@ def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
     return n
 
 
-def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu") -> tuple[list, bool]:
+def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
+                 between=None) -> tuple[list, bool]:
     """Reference outputs (on the host) for every (inputs, heavy) draw of _trial_inputs, computed before the candidate
     exists; inputs kept on `store` (the GPU when made there). Skips normal draws once inputs and outputs together
     would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials, whether the
     reference mutates its inputs). The outputs stay on the host even when the inputs live on the GPU: a candidate's
     kernel can write to any device address in its process (an out-of-bounds store finds the caching allocator's
-    other blocks), and rewriting stored inputs only makes its own outputs disagree with the host's references."""
+    other blocks), and rewriting stored inputs only makes its own outputs disagree with the host's references.
+    `between()`, if given, runs before every draw but the first (a waiting timer gets the GPU there)."""
     trials, mutates = [], False
     allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
-    for inputs, heavy in draws:
+    for i, (inputs, heavy) in enumerate(draws):
         if not heavy and len(trials) >= allowed:
             continue
+        if i and between is not None:
+            between()
         args = _to_device(inputs, device)
         with torch.no_grad():
             out = _detach_cpu(ref_model(*args))
@@ -1550,7 +1554,13 @@ def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> 
         _gpu_turn(conn, turn)
     clock = time.monotonic()
     ref_model = build(ref.Model, init_inputs)
-    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu")
+
+    def between() -> None:   # as _Instrumentation.yield_turn: a waiting timer need not wait for all reference outputs
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        _gpu_turn(conn, turn)
+    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
+                                       between if turn == "shared" else None)
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
     return ref, init_inputs, ref_model, trials, ref_mutates
 

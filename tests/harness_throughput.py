@@ -533,3 +533,40 @@ def test_harness_a_waiting_timer_gets_the_gpu_between_trials(tmp_path):
     total = len(calls.read_text())   # trials + the two self-agreement reruns
     assert total >= eh.DEFAULTS["trials"] + 1
     assert 1 <= timer_done["calls"] <= 3 < total, (timer_done, total)   # in after the first trial, not at the end
+
+
+def test_harness_a_waiting_timer_gets_the_gpu_between_reference_outputs(tmp_path):
+    """The same between the reference outputs of a worker's trials: a timer that starts waiting during the first
+    reference forward gets the GPU before the last one, and the candidate's verdict still comes."""
+    t = _t()
+    calls = tmp_path / "ref_calls"
+    slow_task = t.RELU_TASK.replace("        return torch.relu(x)", f'''        import time
+        open({str(calls)!r}, "a").write("x")
+        time.sleep(0.3)
+        return torch.relu(x)''')
+    gate, when = eh._Gate(), {}
+    job = {"kind": "evaluate", "ref_src": slow_task, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
+           "opts": dict(eh.DEFAULTS, timing=False)}
+    limits = {"startup": 120.0, "reference": 120.0, "compile": 60.0, "run": 60.0}
+    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(r=eh._run_job(pool.take(), job, limits, gate)), daemon=True)
+    worker.start()
+
+    def timer():
+        while not calls.exists():
+            time.sleep(0.01)
+        gate.acquire("exclusive")
+        when["calls"] = len(calls.read_text())
+        gate.release("exclusive")
+    timing = threading.Thread(target=timer, daemon=True)
+    timing.start()
+    try:
+        timing.join(120)
+        worker.join(120)
+    finally:
+        pool.close()
+    assert box["r"]["error_kind"] == "ok", box["r"]
+    total = len(calls.read_text())   # one reference forward per trial (the heavy one included)
+    assert total >= eh.DEFAULTS["trials"] + 1
+    assert 1 <= when["calls"] <= 2 < total, (when, total)
