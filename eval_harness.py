@@ -728,12 +728,14 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
 
 
 def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
+    """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
+    running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
     env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     if device == "cpu":
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", KZ_MEMORY_LIMIT_GB=str(opts["memory_limit_gb"]))
-        if threads:
-            env["OMP_NUM_THREADS"] = str(threads)
     else:
         env.pop("TRITON_INTERPRET", None)
         if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
@@ -1275,10 +1277,12 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
             between()
         args = _to_device(inputs, device)
         with torch.no_grad():
-            out = _detach_cpu(ref_model(*args))
-        mutates |= not all(_same(a, x) for a, x in zip(args, inputs))
-        del args
-        if heavy and not all(bool(torch.isfinite(o).all()) for o in _tensors(out) if o.is_floating_point()):
+            produced = ref_model(*args)
+        out = _detach_cpu(produced)
+        finite = not heavy or all(bool(torch.isfinite(o).all()) for o in _tensors(produced) if o.is_floating_point())
+        mutates |= not all(_same(a, x) for a, x in zip(args, inputs))   # (checked where made: no host-side scan)
+        del args, produced
+        if not finite:
             details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
             break
         trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
@@ -2041,8 +2045,9 @@ class Evaluator:
                 budget = (0.85 * torch.cuda.get_device_properties(gpu).total_memory - own) / 2**30
             gpu_bytes[gpu] = budget * 2**30
         self.memory = _Memory(host * 2**30 if host is not None else 0.7 * _host_available_bytes(), gpu_bytes)
+        gpu_threads = max(1, len(os.sched_getaffinity(0)) // (self.gpu_workers * len(self.gpus) or 1))
         for gpu in self.gpus:
-            env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu)
+            env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads)
             if self.backend == "triton":   # the zygote warms Triton's compiler up for this GPU (no driver there)
                 major, minor = torch.cuda.get_device_capability(gpu)
                 env["KZ_TRITON_ARCH"] = str(10 * major + minor)

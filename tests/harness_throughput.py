@@ -570,3 +570,26 @@ def test_harness_a_waiting_timer_gets_the_gpu_between_reference_outputs(tmp_path
     total = len(calls.read_text())   # one reference forward per trial (the heavy one included)
     assert total >= eh.DEFAULTS["trials"] + 1
     assert 1 <= when["calls"] <= 2 < total, (when, total)
+
+
+def test_harness_worker_threads_follow_the_pool():
+    """A pool's `threads` reaches torch in its workers (OMP_NUM_THREADS, set before the zygote imports torch), on a
+    GPU's pools too: 8 workers per GPU each starting one CPU thread per core would oversubscribe the machine."""
+    t = _t()
+    assert eh._worker_env("cuda", "triton", eh.DEFAULTS, "run", gpu=0, threads=2)["OMP_NUM_THREADS"] == "2"
+    task = t.RELU_TASK.replace("        return torch.relu(x)", "        assert torch.get_num_threads() == 1, "
+                                                               "torch.get_num_threads()\n        return torch.relu(x)")
+    job = {"kind": "evaluate", "ref_src": task, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
+           "opts": dict(eh.DEFAULTS, timing=False)}
+    limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+    kinds = {}
+    for threads in (1, 2):   # (torch takes at most one thread per core: this box has at least 2, CI's has 2)
+        pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run", threads=threads), spare=0)
+        try:
+            reply = eh._run_job(pool.take(), job, limits)
+        finally:
+            pool.close()
+        kinds[threads] = (reply["error_kind"], reply.get("error", "")[:200])
+    assert kinds[1][0] == "ok", kinds
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert kinds[2][0] == "runtime" and "AssertionError: 2" in kinds[2][1], kinds
