@@ -6,8 +6,10 @@ A task is a KernelBench problem file (`class Model`, `get_inputs()`, `get_init_i
 CUDA candidates on CPU workers in parallel, checking a few candidates at once on each GPU and timing one at a time.
 
 What the process isolation protects, and what it does not
-  Every candidate runs in its own freshly spawned Python process, in its own session (process group), used for
-  exactly one candidate and then killed with its whole group. This protects the *evaluation*: a hang becomes
+  Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
+  candidate and then killed with its whole group. Workers are forked from a per-pool zygote that imported torch and
+  triton once and never touched CUDA or ran a candidate: a worker starts in milliseconds, from a state no candidate
+  has been in. This protects the *evaluation*: a hang becomes
   `timeout`, a segfault / abort / illegal memory access becomes `crash`, a poisoned CUDA context dies with its
   process, a memory bomb hits an address-space limit (CPU mode), and nothing one candidate leaves behind (patched
   functions, threads, cached tensors) reaches the next one or the caller. It is NOT a security sandbox: candidates
@@ -25,7 +27,7 @@ What the process isolation protects, and what it does not
    8 degenerate tasks: the task linter
    9 analytic shortcuts: a heavy-tailed extra trial
   10 precision downgrade: TF32 flags checked, per-dtype tolerance
-  11 PyTorch fallback or decoy kernel: profiler/launch-hook coverage, static check
+  11 PyTorch fallback or decoy kernel: launch counts (Triton), profiler coverage (CUDA), static check
   12 shared namespace: reference and candidate are separate modules, inputs made first
   13 nondeterminism and races: run twice, compare
   14 integer targets cast to float: only floating tensors are cast
@@ -65,8 +67,12 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
   - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
     the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
-    profiling overlap while every timed rep runs alone. A GPU worker pays the profiler's and Triton's start-up
-    (seconds) at boot, while idle; each GPU keeps two idle workers per slot, booted when the Evaluator starts. An
+    profiling overlap while every timed rep runs alone. A checking worker gives its turn back during each Triton
+    JIT compile and between trials (and between reference outputs), so a timer waits for one trial of each holder,
+    not for their whole checks. A GPU worker pays its CUDA context, Triton's driver start-up and (CUDA candidates)
+    the profiler's (seconds) at boot, while idle; the zygote already paid the imports, the first meta tensor and
+    Triton's compiler start-up. Each GPU keeps two idle workers per slot, booted when the Evaluator starts, and
+    each worker gets cores / slots CPU threads for torch (OMP_NUM_THREADS). An
     out-of-memory verdict on a shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold
     the GPU alone meanwhile (Evaluator.holding_gpus). The gate holds across processes (a flock'd file per GPU
     under $KZ_CACHE_DIR): two runs, an eval and a lint sharing one GPU never time while another uses the GPU.
@@ -79,9 +85,11 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     stored inputs only makes its own outputs disagree with those. With inputs_on_device=False (and on the CPU) the
     inputs are made on the host before the worker asks for the GPU (a timer waits for every holder; a reference
     that mentions cuda asks first). Shared reference jobs send their trials through the host either way.
-  - Workers are started with subprocess.Popen, not multiprocessing: start_new_session puts the worker in its own
-    process group before Python starts (no race with the kill), the environment (TRITON_INTERPRET,
-    CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported.
+  - Zygotes are started with subprocess.Popen, not multiprocessing: the environment (TRITON_INTERPRET,
+    CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported. A
+    forked worker calls setsid() first, so the kill reaches its whole group; its zygote reaps it and reports its
+    exit code (a segfault reads SIGSEGV). The zygote must never ask the CUDA driver anything (importing
+    torch.utils.cpp_extension does): torch then refuses CUDA in every forked child.
   - Shared reference work (share_reference, off by default until its speedups match, BENCHMARKS.md, "Harness throughput for RL rounds"): the
     candidates of one task in one map call (a GRPO group, an eval's samples) get their
     trials (inputs and reference outputs) and eager timing from one "reference" job. The parent keeps the trials

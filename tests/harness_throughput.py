@@ -496,6 +496,34 @@ def test_harness_zygote_with_the_compiler_warm_up_still_runs_candidates():
         pool.close()
 
 
+def _timer_during(ref_src: str, cand_src: str, calls) -> tuple[dict, int, int]:
+    """Evaluate one candidate on a CPU worker behind a gate; once the file `calls` exists (a slow forward has begun
+    and holds the shared turn), a timer asks for the gate alone. Returns (the worker's reply, how many forwards had
+    written to `calls` when the timer got the gate, how many in all)."""
+    gate, box = eh._Gate(), {}
+    job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": "triton", "device": "cpu",
+           "opts": dict(eh.DEFAULTS, timing=False)}
+    limits = {"startup": 120.0, "reference": 120.0, "compile": 60.0, "run": 120.0}
+    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    worker = threading.Thread(target=lambda: box.update(r=eh._run_job(pool.take(), job, limits, gate)), daemon=True)
+
+    def timer():
+        while not calls.exists():
+            time.sleep(0.01)
+        gate.acquire("exclusive")
+        box["calls"] = len(calls.read_text())
+        gate.release("exclusive")
+    timing = threading.Thread(target=timer, daemon=True)
+    worker.start()
+    timing.start()
+    try:
+        timing.join(120)
+        worker.join(120)
+    finally:
+        pool.close()
+    return box["r"], box["calls"], len(calls.read_text())
+
+
 def test_harness_a_waiting_timer_gets_the_gpu_between_trials(tmp_path):
     """A worker checking correctness gives its shared GPU turn back between trials: a timer that starts waiting
     during the first trial gets the GPU before the check is over, and the check then goes on to its verdict."""
@@ -507,32 +535,10 @@ def test_harness_a_waiting_timer_gets_the_gpu_between_trials(tmp_path):
         out = torch.empty_like(x)
         relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
         return out''', extra="import time\n")
-    gate, first_call, timer_done = eh._Gate(), threading.Event(), {}
-    job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": slow, "backend": "triton", "device": "cpu",
-           "opts": dict(eh.DEFAULTS, timing=False)}
-    limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 120.0}
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
-    box = {}
-    worker = threading.Thread(target=lambda: box.update(r=eh._run_job(pool.take(), job, limits, gate)), daemon=True)
-    worker.start()
-
-    def timer():
-        while not calls.exists():   # the candidate's first forward has begun: it holds the shared turn
-            time.sleep(0.01)
-        gate.acquire("exclusive")
-        timer_done["calls"] = len(calls.read_text())   # forwards run so far, when the timer got the GPU
-        gate.release("exclusive")
-    timing = threading.Thread(target=timer, daemon=True)
-    timing.start()
-    try:
-        timing.join(120)
-        worker.join(120)
-    finally:
-        pool.close()
-    assert box["r"]["error_kind"] == "ok", box["r"]
-    total = len(calls.read_text())   # trials + the two self-agreement reruns
-    assert total >= eh.DEFAULTS["trials"] + 1
-    assert 1 <= timer_done["calls"] <= 3 < total, (timer_done, total)   # in after the first trial, not at the end
+    reply, when, total = _timer_during(t.RELU_TASK, slow, calls)
+    assert reply["error_kind"] == "ok", reply
+    assert total >= eh.DEFAULTS["trials"] + 1   # trials + the two self-agreement reruns
+    assert 1 <= when <= 3 < total, (when, total)   # in after the first trial, not at the end
 
 
 def test_harness_a_waiting_timer_gets_the_gpu_between_reference_outputs(tmp_path):
@@ -544,32 +550,10 @@ def test_harness_a_waiting_timer_gets_the_gpu_between_reference_outputs(tmp_path
         open({str(calls)!r}, "a").write("x")
         time.sleep(0.3)
         return torch.relu(x)''')
-    gate, when = eh._Gate(), {}
-    job = {"kind": "evaluate", "ref_src": slow_task, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
-           "opts": dict(eh.DEFAULTS, timing=False)}
-    limits = {"startup": 120.0, "reference": 120.0, "compile": 60.0, "run": 60.0}
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
-    box = {}
-    worker = threading.Thread(target=lambda: box.update(r=eh._run_job(pool.take(), job, limits, gate)), daemon=True)
-    worker.start()
-
-    def timer():
-        while not calls.exists():
-            time.sleep(0.01)
-        gate.acquire("exclusive")
-        when["calls"] = len(calls.read_text())
-        gate.release("exclusive")
-    timing = threading.Thread(target=timer, daemon=True)
-    timing.start()
-    try:
-        timing.join(120)
-        worker.join(120)
-    finally:
-        pool.close()
-    assert box["r"]["error_kind"] == "ok", box["r"]
-    total = len(calls.read_text())   # one reference forward per trial (the heavy one included)
-    assert total >= eh.DEFAULTS["trials"] + 1
-    assert 1 <= when["calls"] <= 2 < total, (when, total)
+    reply, when, total = _timer_during(slow_task, t.GOOD_RELU, calls)
+    assert reply["error_kind"] == "ok", reply
+    assert total >= eh.DEFAULTS["trials"] + 1   # one reference forward per trial (the heavy one included)
+    assert 1 <= when <= 2 < total, (when, total)
 
 
 def test_harness_worker_threads_follow_the_pool():
