@@ -577,3 +577,48 @@ def test_harness_worker_threads_follow_the_pool():
     assert kinds[1][0] == "ok", kinds
     if len(os.sched_getaffinity(0)) >= 2:
         assert kinds[2][0] == "runtime" and "AssertionError: 2" in kinds[2][1], kinds
+
+
+def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch):
+    """_time_models on the CPU with stand-in CUDA events: at most SPOT_CHECKS outputs are compared (each is GPU work
+    that every other worker waits for), a model replaying an old output is caught, and a reference output the
+    candidate overwrote during timing is seen (ref_intact)."""
+    class Event:
+        def __init__(self, **kwargs):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.1
+    monkeypatch.setattr(eh.torch.cuda, "Event", Event)
+    monkeypatch.setattr(eh.torch.cuda, "synchronize", lambda *args: None)
+    torch = eh.torch
+    trials = [{"inputs": [torch.randn(64)], "heavy": False} for _ in range(3)]
+    for trial in trials:
+        trial["out"] = torch.relu(trial["inputs"][0])
+    cpu = torch.device("cpu")
+    for adaptive in (False, True):
+        times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                                tol=(1e-4, 1e-4), adaptive=adaptive)
+        assert len(times["cand"]) >= 20 and times["ref_intact"]
+        assert times["bad_output"] == [False] * eh.SPOT_CHECKS, times["bad_output"]
+    first = torch.relu(trials[0]["inputs"][0])
+    replay = eh._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+                             checked="cand", tol=(1e-4, 1e-4))
+    assert any(replay["bad_output"])   # set 1's reps get set 0's output
+
+    def overwrite(x):   # a kernel writing where the harness keeps its GPU copies of the reference outputs
+        for obj in gpu_copies:
+            obj.fill_(0.0)
+        return torch.relu(x)
+    gpu_copies = []
+    original = eh._out_to
+    monkeypatch.setattr(eh, "_out_to", lambda out, device: gpu_copies.append(original(out, device)) or gpu_copies[-1])
+    times = eh._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4))
+    assert not times["ref_intact"] and any(times["bad_output"])
