@@ -493,15 +493,22 @@ class _Pool:
         self.env, self.spare, self.idle, self.lock, self.zygote = env, spare, [], threading.Lock(), None
 
     def _fork(self) -> _Worker:   # (under self.lock)
-        if self.zygote is not None and not self.zygote.alive():
-            for worker in self.idle:
-                worker.kill()
-            self.idle.clear()
-            self.zygote.close()
-            self.zygote = None
-        if self.zygote is None:
-            self.zygote = _Zygote(self.env)
-        return _Worker(self.zygote)
+        for attempt in range(2):   # a zygote that dies while it forks (killed for memory) is replaced once
+            if self.zygote is not None and not self.zygote.alive():
+                for worker in self.idle:
+                    worker.kill()
+                self.idle.clear()
+                self.zygote.close()
+                self.zygote = None
+            if self.zygote is None:
+                self.zygote = _Zygote(self.env)
+            try:
+                return _Worker(self.zygote)
+            except (EOFError, OSError):
+                if attempt:
+                    raise
+                self.zygote.proc.kill()   # (counts as dead above)
+                self.zygote.proc.wait()
 
     def take(self) -> _Worker:
         with self.lock:

@@ -622,3 +622,29 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
     times = eh._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4))
     assert not times["ref_intact"] and any(times["bad_output"])
+
+
+def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
+    """The zygote's answer to a fork request never comes (it died meanwhile): the pool starts a new zygote and the
+    worker it forks runs the job; nothing reaches map() as an exception."""
+    t = _t()
+    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    ask = eh._Zygote.ask
+    died = []
+
+    def dying(zygote, *request, **kwargs):
+        if request[0] == "fork" and not died:
+            died.append(zygote)
+            zygote.proc.kill()
+            zygote.proc.wait()
+        return ask(zygote, *request, **kwargs)
+    monkeypatch.setattr(eh._Zygote, "ask", dying)
+    try:
+        worker = pool.take()
+        assert died and pool.zygote is not died[0] and pool.zygote.alive()
+        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
+               "device": "cpu", "opts": eh.DEFAULTS}
+        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+        assert eh._run_job(worker, job, limits)["error_kind"] == "ok"
+    finally:
+        pool.close()
