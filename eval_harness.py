@@ -504,9 +504,12 @@ class _Pool:
                 self.zygote = _Zygote(self.env)
             try:
                 return _Worker(self.zygote)
-            except (EOFError, OSError):
+            except (EOFError, OSError) as e:
                 if attempt:
-                    raise
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.zygote.proc.wait(timeout=10)
+                    raise RuntimeError(f"worker processes cannot start: their zygote exited with code "
+                                       f"{self.zygote.proc.returncode} (its error is printed above)") from e
                 self.zygote.proc.kill()   # (counts as dead above)
                 self.zygote.proc.wait()
 

@@ -648,3 +648,17 @@ def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
         assert eh._run_job(worker, job, limits)["error_kind"] == "ok"
     finally:
         pool.close()
+
+
+def test_harness_a_zygote_that_cannot_start_is_a_clear_error():
+    """Workers whose zygote dies at start (here: its environment lacks KZ_BACKEND, a KeyError): take() says so after
+    one retry, instead of hanging or handing out dead workers."""
+    import pytest
+    env = eh._worker_env("cpu", "triton", eh.DEFAULTS, "run")
+    del env["KZ_BACKEND"]
+    pool = eh._Pool(env, spare=0)
+    try:
+        with pytest.raises(RuntimeError, match="zygote exited with code 1"):
+            pool.take()
+    finally:
+        pool.close()
