@@ -93,8 +93,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
   - Shared reference work (share_reference, off by default until its speedups match, BENCHMARKS.md, "Harness throughput for RL rounds"): the
     candidates of one task in one map call (a GRPO group, an eval's samples) get their
     trials (inputs and reference outputs) and eager timing from one "reference" job. The parent keeps the trials
-    as raw bytes and sends each candidate's worker its own copy through its pipe before the candidate is imported:
-    no file a candidate could read or rewrite, nothing a candidate does reaches the next one's trials. The worker
+    in an anonymous memory file sealed against writes (memfd) and passes each candidate's worker its descriptor;
+    the worker reads its own copy and closes it before the candidate is imported: nothing a candidate does
+    reaches the next one's trials. The worker
     still loads the task module (same files, same init inputs). A failed reference job: each candidate makes its own.
   - Memory admission (_Memory): before a job makes or receives its trials it is admitted by its bytes, host and
     GPU (estimated from get_inputs() on the meta device, or measured by the shared reference job); a job waits
@@ -659,14 +660,14 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
     """Send one job and wait for its result; each phase the worker announces gets its own time limit. The worker asks
     for its GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and
     on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
-    counts against no limit. A job's "pack_buffers" (a shared reference's tensors) follow the job as raw bytes; a
-    reference job's pack comes back the same way (reply["pack"]). Adds details["phase_s"] (seconds per phase, waits
+    counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, _sealed_file)
+    follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds details["phase_s"] (seconds per phase, waits
     excluded), details["gpu_wait_s"], and details["mem_wait_s"] when the job waited for memory."""
     phase, held, held_fd, waited, mem_waited, granted = "startup", None, None, 0.0, 0.0, None
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
-    buffers, known = job.get("pack_buffers") or [], job.get("mem")
-    job = {k: v for k, v in job.items() if k not in ("pack_buffers", "mem")}
+    pack_fd, known = job.get("pack_fd"), job.get("mem")
+    job = {k: v for k, v in job.items() if k not in ("pack_fd", "mem")}
 
     def admit(host: int, device: int) -> float:
         """Wait for (host, device) bytes; returns the seconds waited. Device bytes are host bytes without a GPU."""
@@ -703,8 +704,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                         wait = admit(*known)
                         mem_waited, deadline, clock = mem_waited + wait, deadline + wait, clock + wait
                     worker.conn.send(job)
-                    for buf in buffers:
-                        worker.conn.send_bytes(buf)
+                    if pack_fd is not None:
+                        multiprocessing.reduction.send_handle(worker.conn, pack_fd, worker.pid)
                 elif message[0] == "pack":   # a reference job's trials, one raw message per tensor
                     pack = {"meta": message[1], "buffers": [_recv_raw(worker.conn) for _ in message[1]["tensors"]]}
             except (EOFError, OSError):
@@ -1697,11 +1698,44 @@ def _recv_raw(conn: Connection) -> bytearray:
     return buf
 
 
+def _sealed_file(buffers: list) -> tuple[int, list[tuple[int, int]]]:
+    """The buffers written one after another into an anonymous memory file (memfd: no name a candidate could open),
+    then sealed against any write, shrink or grow: (its descriptor, [(offset, size)] per buffer). Every candidate of
+    a task reads its own copy from it (_pread) instead of receiving ~1 GB through its pipe, and no candidate can
+    change what the next one is compared against (the seals hold for every descriptor, /proc/PID/fd reopens too)."""
+    fd = os.memfd_create("kz_trials", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    extents, offset = [], 0
+    try:
+        for buf in buffers:
+            view = memoryview(buf).cast("B")
+            extents.append((offset, len(view)))
+            while len(view):
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW |
+                    fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, extents
+
+
+def _pread(fd: int, offset: int, size: int) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    while len(view):
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            raise EOFError("the shared trials' file ended early")
+        view, offset = view[n:], offset + n
+    return buf
+
+
 def _job_reference(job: dict, conn: Connection) -> dict:
     """A task's reference work, done once for all of its candidates in a map call: trials (inputs and reference
     outputs) and, on a GPU with timing, the eager reference timed alone, exactly as a candidate job times it. The
-    trials go to the parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent hands each
-    candidate its own copy before the candidate is imported (_receive_reference)."""
+    trials go to the parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent keeps them in
+    a sealed memory file, from which each candidate reads its own copy before it is imported (_receive_reference)."""
     device, opts, details = torch.device(job["device"]), job["opts"], {}
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
 
@@ -1746,11 +1780,16 @@ def _job_reference(job: dict, conn: Connection) -> dict:
 
 def _receive_reference(job: dict, conn: Connection, details: dict) -> tuple:
     """A candidate job's reference from a shared reference job: the task module is loaded as in _reference (same
-    files, same init inputs), the trials arrive from the parent as raw bytes, into this process's own memory,
-    before the candidate exists. Returns (module, init_inputs, trials, mutates)."""
+    files, same init inputs), the trials are read from the parent's sealed memory file (its descriptor arrives after
+    the job) into this process's own memory, before the candidate exists. Returns (module, init_inputs, trials,
+    mutates)."""
     pack = job["pack"]
     clock = time.monotonic()
-    buffers = [_recv_raw(conn) for _ in pack["tensors"]]
+    fd = multiprocessing.reduction.recv_handle(conn)
+    try:   # one copy straight from the sealed file into this process's own memory, then no handle is left to it
+        buffers = [_pread(fd, offset, size) for offset, size in pack["extents"]]
+    finally:
+        os.close(fd)
     tensors = [_tensor_from(buf, spec) for buf, spec in zip(buffers, pack["tensors"])]
     trials = [{"inputs": inputs, "out": out, "heavy": heavy}
               for inputs, out, heavy in _fill_tensors(pack["trials"], tensors)]
@@ -1998,12 +2037,15 @@ class _SharedReference:
         self.lock, self.made, self.pack, self.left, self.held = threading.Lock(), False, None, candidates, 0
 
     def get(self, run, job: dict, evaluator) -> dict | None:
+        """{"meta": the pack's description, "fd": its sealed file, "extents": where each tensor is in it}."""
         with self.lock:
             if not self.made:
                 self.made = True
                 reply = run(dict(job, kind="reference"))
                 if isinstance(reply, dict) and reply.get("error_kind") == "ok" and "pack" in reply:
-                    self.pack, self.held = reply["pack"], reply["pack"]["meta"]["nbytes"]
+                    fd, extents = _sealed_file(reply["pack"]["buffers"])
+                    self.pack, self.held = {"meta": reply["pack"]["meta"], "fd": fd, "extents": extents}, \
+                        reply["pack"]["meta"]["nbytes"]
                     if evaluator.memory is not None:
                         evaluator.memory.hold(self.held)
             return self.pack
@@ -2012,6 +2054,8 @@ class _SharedReference:
         with self.lock:
             self.left -= 1
             if self.left == 0:
+                if self.pack is not None:
+                    os.close(self.pack["fd"])
                 self.pack = None
                 if memory is not None and self.held:
                     memory.unhold(self.held)
@@ -2128,9 +2172,10 @@ class Evaluator:
         try:
             pack = shared.get(lambda ref_job: run(ref_job), job, self)
             if pack is not None:
-                meta, buffers = pack["meta"], pack["buffers"]
-                job = dict(job, pack={k: meta[k] for k in ("trials", "ref_mutates", "ref_ms", "tensors", "details")},
-                           pack_buffers=buffers,
+                meta = pack["meta"]
+                job = dict(job, pack={**{k: meta[k] for k in ("trials", "ref_mutates", "ref_ms", "tensors", "details")},
+                                      "extents": pack["extents"]},
+                           pack_fd=pack["fd"],
                            mem=_memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
                                             stored=meta["nbytes"]))   # (received trials live on the host)
             return run(job)

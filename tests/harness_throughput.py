@@ -662,3 +662,27 @@ def test_harness_a_zygote_that_cannot_start_is_a_clear_error():
             pool.take()
     finally:
         pool.close()
+
+
+def test_harness_shared_trials_file_is_sealed():
+    """A shared reference's trials live in an anonymous memory file sealed against writes: every candidate reads its
+    own copy; nobody (a reopen through /proc included) can change it, grow it or shrink it."""
+    import pytest
+    a, b = bytes(range(256)) * 3, b"\x07" * 1000
+    fd, extents = eh._sealed_file([a, memoryview(b)])
+    try:
+        assert extents == [(0, len(a)), (len(a), len(b))]
+        assert [bytes(eh._pread(fd, *e)) for e in extents] == [a, b]
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 1)
+        reopened = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                os.pwrite(reopened, b"x", 0)
+        finally:
+            os.close(reopened)
+        assert bytes(eh._pread(fd, *extents[0])) == a
+    finally:
+        os.close(fd)
