@@ -155,3 +155,36 @@ def test_replication_distill_keeps_distinct_verified_kernels(tmp_path, monkeypat
                        "sft_batch": 2, "micro_batch": 2})
     coder, proposer = kz.sft_warm_start(cfg, torch.device("cpu"), "cpu")
     assert os.path.exists(os.path.join(coder, "config.json")) and os.path.exists(os.path.join(proposer, "config.json"))
+
+
+def test_replication_script_end_to_end_on_the_cpu(tmp_path):
+    """replicate.sh with the tiny model: every stage runs (starting points, distill, the three runs side by side,
+    compare, plot), the choice of start is logged, and a second invocation skips what is done."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "rep"
+    env = dict(os.environ, MODEL="tiny", ROUNDS="2", SAMPLES="2", PAIRS="4", OUT=str(out), RESULTS=str(tmp_path / "res"),
+               EXTRA="--preset tiny --device cpu --eval-max-tasks 2 --sft-steps 2 --sft-pairs 8",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    for _ in range(2):
+        done = subprocess.run(["bash", os.path.join(here, "replicate.sh")], env=env, capture_output=True, text=True,
+                              timeout=1200)
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    log = (out / "stages.log").read_text()
+    assert log.count("start base") == 1 and log.count("start templates") == 1 and log.count("distill") >= 1
+    assert log.count("chosen starting point: base (level-1 pass@1: base 0.000, templates 0.000") == 2, log
+    for run in ("main", "correctness", "uniform"):
+        rounds = [json.loads(line)["round"] for line in open(out / run / "metrics.jsonl")]
+        assert rounds == [0, 1], (run, rounds)
+        assert json.load(open(out / run / "config.json"))["rounds"] == 2
+    assert json.load(open(out / "correctness" / "config.json"))["coder_reward"] == "correctness"
+    assert json.load(open(out / "uniform" / "config.json"))["proposer_mode"] == "uniform"
+    compare = (out / "compare.txt").read_text()
+    assert compare.count("eval_round1.json") == 6 and compare.count("start_base/eval_round-1.json") == 2
+    assert (out / "compare.png").exists()
+    kept = sorted(str(p.relative_to(tmp_path / "res")) for p in (tmp_path / "res").rglob("*") if p.is_file())
+    assert "compare.png" in kept and "compare.txt" in kept and "main/metrics.jsonl" in kept, kept
+    assert "uniform/eval_round1.json" in kept and "start_base/eval_round-1.json" in kept, kept
+    allowed = ("metrics.jsonl", "config.json", "stats.json", "stages.log", ".txt", ".png", ".json")
+    assert all(k.count("/") <= 1 and k.endswith(allowed) for k in kept), kept   # no model, no checkpoint
