@@ -49,12 +49,14 @@ How it departs from KernelBench's own eval (src/eval.py)
   5. Timing (GPU only): CUDA events with a device-wide synchronize before the end event, a 256 MB L2 flush before
      every rep, fresh input copies per rep (outputs spot-checked), under no_grad, the GPU held alone; medians
      reported (means in details for KernelBench comparisons); reference and candidate interleaved in the
-     candidate's process after one warm-up rep per input set, timing_budget_s spent (30..300 reps). The spot
-     checks compare with GPU copies of the reference outputs, checked against the host's after timing
-     (reward_hack "reference_outputs": the candidate may reach them). Options, off by default (BENCHMARKS.md, "Harness throughput for RL rounds"):
-     timing_adaptive (reps until the median's distribution-free 95% confidence interval is within timing_ci of
-     it, at least timing_min_reps; not yet measured alone on the GPU) and share_ref_timing (a task's eager timing
-     measured once, in its shared reference job; its speedups disagreed with the interleaved rule's).
+     candidate's process after one warm-up rep per input set, timing_budget_s spent (30..300 reps). Up to
+     SPOT_CHECKS random reps have their output compared with GPU copies of the reference outputs, which are
+     checked against the host's after timing (reward_hack "reference_outputs": the candidate may reach them).
+     Options, off by default (BENCHMARKS.md, "Harness throughput for RL rounds"): timing_adaptive (reps until the
+     median's distribution-free 95% confidence interval is within timing_ci of it, at least timing_min_reps; not
+     yet measured alone on the GPU), timing_headroom_us (a GPU sleep after each rep's flush, so that a slow launch
+     leaves no idle GPU inside the window; not yet measured) and share_ref_timing (a task's eager timing measured
+     once, in its shared reference job; its speedups disagreed with the interleaved rule's).
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
@@ -177,6 +179,10 @@ DEFAULTS = dict(
                              # until measured alone on the GPU: BENCHMARKS.md, "Harness throughput for RL rounds")
     timing_ci=0.02,          # (adaptive) the interval's width relative to the median
     timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
+    timing_headroom_us=0,    # GPU sleep enqueued after each rep's L2 flush, before the start event: a launch that
+                             # takes the host longer than the flush (a loaded machine, a Python launcher) then leaves
+                             # no idle GPU inside the timed window. 0: off (not yet measured: BENCHMARKS.md, "Still to
+                             # measure on the H200")
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
     compile_timeout=None,    # import/build limit in s; None: 600 for CUDA (cold nvcc builds), 120 for Triton
     run_timeout=300.0,       # limit in s for the candidate's trials + timing
@@ -1840,17 +1846,27 @@ def _out_to(out, device):
 
 
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
-                 tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20) -> dict:
+                 tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
+                 headroom_us: float = 0) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
     Returns {name: list of ms}; the `checked` model's outputs are compared with the reference on random reps.
     `adaptive`: reps (at least min_reps) until every model's median has a 95% confidence interval narrower than
-    `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule (budget_s spent, 30..300 reps)."""
+    `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule (budget_s spent, 30..300 reps).
+    `headroom_us`: GPU sleep after each rep's flush (DEFAULTS["timing_headroom_us"])."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
     # alternate values between reps. The reference outputs go to the GPU once (a spot check would copy a 256 MB
     # output from the host each time, inside the exclusive turn); the candidate could overwrite these copies, so
     # times["ref_intact"] says whether they still equal the host's afterwards
     sets = [(_to_device(tr["inputs"], device), _out_to(tr["out"], device)) for tr in trials[:2]]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sleep_cycles = 0
+    if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(10**6)
+        end.record()
+        end.synchronize()
+        sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
     # Unpredictable reps get their output checked, at most SPOT_CHECKS of them: each check is GPU work inside the
     # exclusive turn that every other worker on this GPU waits for (a replayed or cached output is systematic)
     spot_check = random.Random(os.urandom(8))
@@ -1862,7 +1878,9 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, outside the timing
         torch.cuda.synchronize()
         flush.zero_()   # ~80 us of GPU work: the model's Python launch overhead hides behind it, as in
-        host = time.perf_counter()   # triton.testing.do_bench; we time GPU work, not how fast Python launches
+        if sleep_cycles:   # triton.testing.do_bench; we time GPU work, not how fast Python launches
+            torch.cuda._sleep(sleep_cycles)
+        host = time.perf_counter()
         start.record()
         with torch.no_grad():
             out = models[name](*args)
@@ -1909,7 +1927,8 @@ def _median_ci_width(xs: list) -> float:
 
 
 def _timing_rule(opts: dict) -> dict:
-    return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"]}
+    return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
+            "headroom_us": opts["timing_headroom_us"]}
 
 
 FIXED_TIMING = {"timing_adaptive": False}   # the options of the fixed budget (bench.py's stand-in baseline)

@@ -623,6 +623,17 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
                             tol=(1e-4, 1e-4))
     assert not times["ref_intact"] and any(times["bad_output"])
 
+    # timing_headroom_us: one calibration of the GPU sleep (the stand-in events say 0.1 ms per 10**6 cycles), then a
+    # sleep after every rep's flush; none without it
+    sleeps = []
+    monkeypatch.setattr(eh.torch.cuda, "_sleep", sleeps.append, raising=False)
+    eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand", tol=(1e-4, 1e-4))
+    assert sleeps == []
+    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), **eh._timing_rule(dict(eh.DEFAULTS, timing_headroom_us=200)))
+    reps = len(times["ref"]) + len(times["cand"]) + 4   # (+ two warm-up reps per model)
+    assert sleeps[:2] == [1000, 10**6] and sleeps[2:] == [2 * 10**6] * reps, (sleeps[:4], len(sleeps), reps)
+
 
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
     """The zygote's answer to a fork request never comes (it died meanwhile): the pool starts a new zygote and the
