@@ -471,7 +471,7 @@ class _Worker:
 
     def exit_code(self, timeout: float = 5.0) -> int | None:
         """The worker's exit code (negative: killed by that signal) once it has ended; None if it still runs after
-        `timeout` s (e.g. stuck in the GPU driver: its zygote reaps it later) or its zygote is gone."""
+        `timeout` s (its zygote reaps it at a later request) or its zygote is gone."""
         with contextlib.suppress(Exception):
             return self.zygote.ask("reap", self.pid, timeout, timeout=timeout + 30)
         return None
@@ -480,7 +480,9 @@ class _Worker:
         for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):   # the group: the candidate's children too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(target, signal.SIGKILL)
-        self.exit_code(timeout=1.0)   # (a process stuck in the GPU driver: reaped later, do not hang)
+        # No waiting for it to end: a GPU worker's exit (its CUDA context torn down) can take a few hundred ms, and
+        # the zygote answers one request at a time, so every fork would queue behind it. It reaps it later.
+        self.exit_code(timeout=0)
         self.drain.join(timeout=5)   # (EOF once the group is dead; a child that escaped it may hold the pipe open)
         self.conn.close()
         shutil.rmtree(self.dir, ignore_errors=True)

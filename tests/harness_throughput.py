@@ -399,6 +399,7 @@ def _stat(pid: int) -> list[str]:
 def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
     """Every worker is a new child of its pool's zygote, leads its own session (the kill reaches its group), runs
     one job, and its exit code comes back through the zygote (a kill reads as -SIGKILL)."""
+    import signal
     t = _t()
     pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
     try:
@@ -415,9 +416,10 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
                "device": "cpu", "opts": eh.DEFAULTS}
         limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
         assert eh._run_job(a, job, limits)["error_kind"] == "ok"   # (_run_job kills it afterwards)
-        b.kill()
-        assert not os.path.exists(f"/proc/{b.pid}")   # killed and reaped by its zygote: no zombie left
-        assert b.exit_code(timeout=5) is None   # (the zygote knows no such child any more)
+        b.kill()   # (returns at once; the zygote reaps it at its next request)
+        assert b.exit_code(timeout=5) == -signal.SIGKILL
+        assert not os.path.exists(f"/proc/{b.pid}")   # reaped: no zombie left
+        assert b.exit_code(timeout=1) is None   # (the zygote knows no such child any more)
     finally:
         pool.close()
     assert pool.zygote is None
