@@ -699,3 +699,21 @@ def test_harness_shared_trials_file_is_sealed():
         assert bytes(eh._pread(fd, *extents[0])) == a
     finally:
         os.close(fd)
+
+
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_timing_headroom_keeps_verdicts():
+    """timing_headroom_us on the GPU: the sleep's calibration and the per-rep sleep run, the verdicts are those
+    without it (a good kernel ok, a replaying one caught while timed), and the timed window still sees the kernel."""
+    t = _t()
+    pairs = [(t.GPU_RELU_TASK, t.GOOD_RELU), (t.GPU_RELU_TASK, t.GOOD_RELU)]
+    runs = {}
+    for headroom in (0, 200):
+        with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.25, timing_headroom_us=headroom) as ev:
+            runs[headroom] = ev.map(pairs)
+        print(f"headroom {headroom} us: speedups", [round(r.speedup or 0, 3) for r in runs[headroom]],
+              "runtime_ms", [r.runtime_ms for r in runs[headroom]], "host_median_ms",
+              [r.details.get("host_median_ms") for r in runs[headroom]])
+    assert [r.error_kind for r in runs[200]] == [r.error_kind for r in runs[0]] == ["ok", "ok"]
+    assert all(r.runtime_ms > 0.01 and r.details["reps"] >= 30 for r in runs[200])   # (the ReLU reads 256 MB)
