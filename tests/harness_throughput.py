@@ -705,7 +705,7 @@ def test_harness_shared_trials_file_is_sealed():
 @_gpu
 def test_harness_gpu_timing_headroom_keeps_verdicts():
     """timing_headroom_us on the GPU: the sleep's calibration and the per-rep sleep run, the verdicts are those
-    without it (a good kernel ok, a replaying one caught while timed), and the timed window still sees the kernel."""
+    without it, and the timed window still holds the kernel (a 256 MB ReLU takes well over 10 us)."""
     t = _t()
     pairs = [(t.GPU_RELU_TASK, t.GOOD_RELU), (t.GPU_RELU_TASK, t.GOOD_RELU)]
     runs = {}
