@@ -391,6 +391,14 @@ def test_harness_lint_determinism_allows_reordered_sums_not_randomness():
 # ---------------------------------------------------------------------------------------------------------------------
 # Workers forked from a zygote
 
+def _good_relu_verdict(worker) -> str:
+    """The verdict of one job on `worker`: the Triton ReLU candidate that is correct, on the CPU."""
+    t = _t()
+    job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
+           "opts": eh.DEFAULTS}
+    return eh._run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
+
+
 def _stat(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()   # state, ppid, pgrp, session, ...
@@ -400,7 +408,6 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
     """Every worker is a new child of its pool's zygote, leads its own session (the kill reaches its group), runs
     one job, and its exit code comes back through the zygote (a kill reads as -SIGKILL)."""
     import signal
-    t = _t()
     pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
     try:
         a, b = pool.take(), pool.take()
@@ -412,10 +419,7 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
             state = _stat(worker.pid)
             assert int(state[1]) == pool.zygote.proc.pid, state   # forked by the zygote, not spawned by us
             assert int(state[3]) == worker.pid and int(state[2]) == worker.pid   # its own session and group
-        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
-               "device": "cpu", "opts": eh.DEFAULTS}
-        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        assert eh._run_job(a, job, limits)["error_kind"] == "ok"   # (_run_job kills it afterwards)
+        assert _good_relu_verdict(a) == "ok"   # (_run_job kills it afterwards)
         b.kill()   # (returns at once; the zygote reaps it at its next request)
         assert b.exit_code(timeout=5) == -signal.SIGKILL
         assert not os.path.exists(f"/proc/{b.pid}")   # reaped: no zombie left
@@ -442,7 +446,6 @@ def test_harness_worker_exit_code_through_the_zygote():
 def test_harness_pool_restarts_a_dead_zygote():
     """A zygote that died (killed for memory, say) takes its idle workers with it; the next take() starts a new
     zygote, drops the dead idle workers, and its worker runs the job."""
-    t = _t()
     pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=1)
     try:
         pool.fill()
@@ -451,10 +454,7 @@ def test_harness_pool_restarts_a_dead_zygote():
         first.proc.wait()
         worker = pool.take()
         assert pool.zygote is not first and pool.zygote.alive()
-        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
-               "device": "cpu", "opts": eh.DEFAULTS}
-        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        assert eh._run_job(worker, job, limits)["error_kind"] == "ok"
+        assert _good_relu_verdict(worker) == "ok"
     finally:
         pool.close()
 
@@ -486,14 +486,10 @@ def test_harness_zygote_imports_touch_no_driver_and_start_no_thread():
 def test_harness_zygote_with_the_compiler_warm_up_still_runs_candidates():
     """A CPU-mode pool whose zygote also warmed the Triton compiler up for a GPU: its forked workers still run
     candidates (the warm-up left the zygote safe to fork)."""
-    t = _t()
     env = dict(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), KZ_TRITON_ARCH="90")
     pool = eh._Pool(env, spare=0)
     try:
-        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
-               "device": "cpu", "opts": eh.DEFAULTS}
-        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        assert eh._run_job(pool.take(), job, limits)["error_kind"] == "ok"
+        assert _good_relu_verdict(pool.take()) == "ok"
     finally:
         pool.close()
 
@@ -640,7 +636,6 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
     """The zygote's answer to a fork request never comes (it died meanwhile): the pool starts a new zygote and the
     worker it forks runs the job; nothing reaches map() as an exception."""
-    t = _t()
     pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
     ask = eh._Zygote.ask
     died = []
@@ -655,10 +650,7 @@ def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
     try:
         worker = pool.take()
         assert died and pool.zygote is not died[0] and pool.zygote.alive()
-        job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton",
-               "device": "cpu", "opts": eh.DEFAULTS}
-        limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        assert eh._run_job(worker, job, limits)["error_kind"] == "ok"
+        assert _good_relu_verdict(worker) == "ok"
     finally:
         pool.close()
 
