@@ -1869,13 +1869,10 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         end.record()
         end.synchronize()
         sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
-    # Unpredictable reps get their output checked, at most SPOT_CHECKS of them: each check is GPU work inside the
-    # exclusive turn that every other worker on this GPU waits for (a replayed or cached output is systematic)
-    spot_check = random.Random(os.urandom(8))
     times = {name: [] for name in models}
     times.update(bad_output=[], host=[])   # host: wall time of the checked model's reps (cross-check of events)
 
-    def once(name, rep):
+    def once(name, rep, check=False):
         pristine, ref_out = sets[rep % len(sets)]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, outside the timing
         torch.cuda.synchronize()
@@ -1889,11 +1886,11 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
         end.record()
         end.synchronize()
-        if name == checked and len(times["bad_output"]) < SPOT_CHECKS and spot_check.random() < spot_rate:
+        if check:
             times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
         return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
 
-    names, spot_rate = list(models), 0.0
+    names = list(models)
     for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
         warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
     if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
@@ -1901,10 +1898,13 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     else:          # the fixed rule: the budget spent, 30..300 reps
         estimate = sum(warm.values()) + 0.5 * len(names)
         reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
-    spot_rate = 2 * SPOT_CHECKS / (min_reps if adaptive else reps)   # (spread over the reps it will surely run)
+    # Unpredictable reps get the checked model's output compared, SPOT_CHECKS of them among the reps that surely
+    # run, every input set among them (a replayed or cached output is systematic): each check is GPU work inside
+    # the exclusive turn that every other worker on this GPU waits for
+    spots = _spot_reps(min(reps, min_reps) if adaptive else reps, len(sets), SPOT_CHECKS, random.Random(os.urandom(8)))
     for rep in range(reps):   # interleaved; rotate who goes first
         for name in names[rep % len(names):] + names[: rep % len(names)]:
-            event_ms, host_ms = once(name, rep)
+            event_ms, host_ms = once(name, rep, check=name == checked and rep in spots)
             times[name].append(event_ms)
             if name == checked:
                 times["host"].append(host_ms)
@@ -1919,6 +1919,13 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
 
 
 SPOT_CHECKS = 3   # timing reps whose output is compared with the reference, per timed candidate
+
+
+def _spot_reps(n: int, sets: int, k: int, rng: random.Random) -> set[int]:
+    """k distinct rep indices of range(n), drawn by rng, with at least one rep of every input set (rep % sets)."""
+    picks = {rng.randrange(s, n, sets) for s in range(min(sets, n))}
+    rest = [r for r in range(n) if r not in picks]
+    return picks | set(rng.sample(rest, max(0, min(k - len(picks), len(rest)))))
 
 
 def _median_ci_width(xs: list) -> float:

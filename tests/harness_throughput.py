@@ -578,9 +578,9 @@ def test_harness_worker_threads_follow_the_pool():
 
 
 def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch):
-    """_time_models on the CPU with stand-in CUDA events: at most SPOT_CHECKS outputs are compared (each is GPU work
-    that every other worker waits for), a model replaying an old output is caught, and a reference output the
-    candidate overwrote during timing is seen (ref_intact)."""
+    """_time_models on the CPU with stand-in CUDA events: SPOT_CHECKS outputs are compared (each is GPU work that
+    every other worker waits for), covering both input sets, so a model replaying an old output is always caught,
+    and a reference output the candidate overwrote during timing is seen (ref_intact)."""
     class Event:
         def __init__(self, **kwargs):
             pass
@@ -606,9 +606,15 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
         assert len(times["cand"]) >= 20 and times["ref_intact"]
         assert times["bad_output"] == [False] * eh.SPOT_CHECKS, times["bad_output"]
     first = torch.relu(trials[0]["inputs"][0])
-    replay = eh._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
-                             checked="cand", tol=(1e-4, 1e-4))
-    assert any(replay["bad_output"])   # set 1's reps get set 0's output
+    for _ in range(3):   # every input set is among the checked reps: a replay of one set's output is always seen
+        replay = eh._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+                                 checked="cand", tol=(1e-4, 1e-4))
+        assert any(replay["bad_output"]) and len(replay["bad_output"]) == eh.SPOT_CHECKS
+    import random
+    for n in (1, 2, 3, 30, 300):
+        picks = eh._spot_reps(n, 2, eh.SPOT_CHECKS, random.Random(n))
+        assert len(picks) == min(n, eh.SPOT_CHECKS) and all(0 <= r < n for r in picks)
+        assert {r % 2 for r in picks} == ({0, 1} if n > 1 else {0})
 
     def overwrite(x):   # a kernel writing where the harness keeps its GPU copies of the reference outputs
         for obj in gpu_copies:
