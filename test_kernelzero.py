@@ -595,22 +595,27 @@ def test_harness_extract_code():
 # ----------------------------------------------------------------------------------------------------------------------
 # Isolation: batches, process accounting, robustness
 
-def _harness_worker_children() -> list[int]:
-    """Live direct children of this process that are harness workers."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid() and b"_worker_main" in cmd:
-            pids.append(int(pid))
-    return pids
+def _harness_processes_left(grace_s: float = 10.0) -> list[int]:
+    """Harness processes of this checkout still alive (not zombies) once `grace_s` has passed: zygotes (this
+    process's children) and the workers forked from them, wherever they were reparented if their zygote died. A
+    killed worker can take a moment to end (a CUDA context is torn down), hence the grace period."""
+    marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import eval_harness".encode()
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if marker in cmd and _harness_alive(int(pid)):
+                left.append(int(pid))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def _harness_rss_mb() -> float:
@@ -642,7 +647,7 @@ while True:
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=6) as ev:
         results = ev.map(pairs)
     assert [r.error_kind for r in results] == ["ok", "timeout", "ok", "crash", "format", "runtime"]
-    assert _harness_worker_children() == []
+    assert _harness_processes_left() == []
     with open(pidfile) as f:
         grandchild = int(f.read())
     os.remove(pidfile)
@@ -664,7 +669,7 @@ def test_harness_robustness_many_candidates():
         results = ev.map([(RELU_TASK, cand) for cand, _ in plan])
     wrong = [(i, r.error_kind, r.error) for i, (r, (_, kinds)) in enumerate(zip(results, plan)) if r.error_kind not in kinds]
     assert not wrong, wrong
-    assert _harness_worker_children() == []
+    assert _harness_processes_left() == []
     assert _harness_rss_mb() - rss_before < 150, "parent memory grows with the number of candidates"
 
 
@@ -1017,7 +1022,7 @@ def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
         results = ev.map([(GPU_RELU_TASK, oob), (GPU_RELU_TASK, _harness_cuda())])
     _show("oob, good", *results)
     assert [r.error_kind for r in results] == ["crash", "ok"], results
-    assert _harness_worker_children() == []
+    assert _harness_processes_left() == []
 
 
 @pytest.mark.gpu
@@ -1091,7 +1096,7 @@ def test_harness_gpu_robustness_many_candidates():
     wrong = [(i, r.error_kind, r.error[:300]) for i, (r, (_, kinds)) in enumerate(zip(results, plan))
              if r.error_kind not in kinds]
     assert not wrong, wrong
-    assert _harness_worker_children() == []
+    assert _harness_processes_left() == []
     assert _harness_rss_mb() - rss_before < 300, "parent memory grows with the number of candidates"
     print(f"\ngpu robustness: {n} candidates, " + json.dumps(collections.Counter(r.error_kind for r in results)))
 
