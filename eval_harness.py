@@ -1984,8 +1984,14 @@ def _job_lint(job: dict, conn: Connection) -> dict:
     except BaseException as e:
         problems.append("does not run: " + _format_exception(e))
         return report
-    if not all(_repeatable(a, b) for a, b in zip(_tensors(outs[0]), _tensors(outs[1]))):
-        problems.append("not deterministic: the same inputs gave different outputs")
+    differ = [(a, b) for a, b in zip(_tensors(outs[0]), _tensors(outs[1])) if not _repeatable(a, b)]
+    if differ:
+        a, b = differ[0]
+        how = ""
+        if a.shape == b.shape and a.is_floating_point():   # (what the difference looked like, for a report)
+            gap = (a.double() - b.double()).abs().nan_to_num(float("inf"))
+            how = f" ({int((gap > 0).sum())} of {a.numel()} values, max abs difference {float(gap.max()):.3g})"
+        problems.append("not deterministic: the same inputs gave different outputs" + how)
     if device.type == "cuda":
         _gpu_turn(conn, "exclusive")
         with torch.no_grad():

@@ -702,6 +702,7 @@ def test_harness_lint_good_and_degenerate_tasks():
     assert reports["cross_entropy"]["ok"], reports["cross_entropy"]
     assert has("relu_on_rand", "identity") and has("tiny_output", "zeros") and has("mean_of_rand", "mean")
     assert has("dropout", "deterministic") and has("broken", "bad task") and has("too_big", "MB")
+    assert has("dropout", "max abs difference")   # the report says how far apart the two runs were
     assert has("missing", "missing Model")
 
 
