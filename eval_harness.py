@@ -523,11 +523,8 @@ class _Pool:
                 self.zygote.proc.wait()
 
     def take(self) -> _Worker:
-        with self.lock:
-            if self.zygote is not None and not self.zygote.alive():
-                worker = self._fork()   # (drops the dead zygote's idle workers)
-            else:
-                worker = self.idle.pop(0) if self.idle else self._fork()
+        with self.lock:   # (a dead zygote's idle workers died with it: _fork drops them and starts a new one)
+            worker = self.idle.pop(0) if self.idle and self.zygote.alive() else self._fork()
         self.fill()
         return worker
 
@@ -923,6 +920,14 @@ def _gpu_turn(conn: Connection, mode: str) -> None:
     conn.recv()
 
 
+def _pass_turn(conn: Connection, device: str, mode: str = "shared") -> None:
+    """Give this worker's shared GPU turn back (its kernels finished first) and ask for `mode` again ("none": not at
+    all): a timer waiting for the GPU gets it in between (writer-preferring _Gate)."""
+    if device == "cuda":
+        torch.cuda.synchronize()   # our kernels finish before another worker may time
+    _gpu_turn(conn, mode)
+
+
 def _die_with_parent(parent: int) -> None:
     """If the caller dies (Ctrl-C, kill -9), take the process group down instead of leaving a hung candidate."""
     while os.getppid() == parent:
@@ -981,7 +986,7 @@ class _Instrumentation:
         self.ops = collections.Counter()        # non-glue aten ops during forward (outside own launches)
         self.builds = []                        # load_inline calls: {"name", "cuda_sources"}
         self.recording, self.paused = False, 0
-        self.turn = None                        # (conn, "shared") while the worker checks correctness on a GPU
+        self.turn = None                        # the job's connection while it holds a shared GPU turn
         self.problems = []                      # deterministic/fill flags flipped inside a candidate call
         instr = self
 
@@ -1058,28 +1063,23 @@ class _Instrumentation:
     def off_gpu(self):
         """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
         the GPU then waits for other candidates' GPU work only, not for their compiles (writer-preferring _Gate)."""
-        if self.turn is None:   # (CPU mode, or the GPU held alone: keep it)
+        if self.turn is None:   # (no shared turn held: e.g. the GPU held alone, keep it)
             yield
             return
-        conn, self.turn = self.turn[0], None
-        if self.device == "cuda":
-            torch.cuda.synchronize()   # our kernels finish before another worker may time
-        _gpu_turn(conn, "none")
+        conn, self.turn = self.turn, None
+        _pass_turn(conn, self.device, "none")
         try:
             yield
         finally:
             _gpu_turn(conn, "shared")
-            self.turn = (conn, "shared")
+            self.turn = conn
 
     def yield_turn(self) -> None:
         """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
         whole check (the parent gives the shared turn back and waits for it again, behind any waiting timer). So
         a timer waits for one trial of each holder instead of their whole checks (H200: 1.85 s per candidate)."""
-        if self.turn is None:
-            return
-        if self.device == "cuda":
-            torch.cuda.synchronize()   # our kernels finish before another worker may time
-        _gpu_turn(self.turn[0], "shared")
+        if self.turn is not None:
+            _pass_turn(self.turn, self.device)
 
     @contextlib.contextmanager
     def candidate_call(self, poison_bytes: int):
@@ -1451,7 +1451,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     compile_s = info["compile_s"]
     send(("phase", "run"))
     if turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
-        instr.turn = (conn, "shared")
+        instr.turn = conn
 
     def failed(kind, error, check=None):
         return _fail(kind, error, details, check, compiled=True, compile_s=compile_s)
@@ -1585,13 +1585,10 @@ def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> 
         _gpu_turn(conn, turn)
     clock = time.monotonic()
     ref_model = build(ref.Model, init_inputs)
-
-    def between() -> None:   # as _Instrumentation.yield_turn: a waiting timer need not wait for all reference outputs
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        _gpu_turn(conn, turn)
+    # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
+    between = (lambda: _pass_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
-                                       between if turn == "shared" else None)
+                                       between)
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
     return ref, init_inputs, ref_model, trials, ref_mutates
 

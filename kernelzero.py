@@ -654,7 +654,8 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 
 # Decoding with a static cache is one query per sequence against every cache slot (prompt bucket + max_new_tokens).
-# Profiled on the H200 (BENCHMARKS.md, sessions 5 and 7), torch's SDPA picks cuDNN's prefill-shaped flash kernel for
+# Profiled on the H200 (2026-12-03, commits `84b7edc` and `39b82d2`; BENCHMARKS.md, "Rollouts: where a compiled
+# decode step goes" and "Decode attention on its own"), torch's SDPA picks cuDNN's prefill-shaped flash kernel for
 # that, 64-query tiles serving G rows: 74% of a SmolLM2 decode step (48% for the 1.5B shape). Written as two matmuls
 # around a masked softmax, the same step lets torch.compile fuse the mask, scale and softmax and hand the products to
 # cuBLAS: `bench.py attention` measured the 30 layers of a SmolLM2 step at batch 64 at 1.14 ms against SDPA's
