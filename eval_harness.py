@@ -46,17 +46,22 @@ How it departs from KernelBench's own eval (src/eval.py)
      that the candidate's own kernels launch, a PyTorch-fallback check (aten ops seen by a TorchDispatchMode beyond
      a small allowlist of glue ops), a snapshot of the harness's own references (allclose, timers, TF32 flags, ...)
      verified after every candidate phase, and a thread count.
-  5. Timing (GPU only): CUDA events with a device-wide synchronize before the end event, a 256 MB L2 flush before
-     every rep, fresh input copies per rep (outputs spot-checked), under no_grad, the GPU held alone; medians
-     reported (means in details for KernelBench comparisons); reference and candidate interleaved in the
-     candidate's process after one warm-up rep per input set, timing_budget_s spent (30..300 reps). Up to
-     SPOT_CHECKS random reps have their output compared with GPU copies of the reference outputs, which are
-     checked against the host's after timing (reward_hack "reference_outputs": the candidate may reach them).
-     Options, off by default (BENCHMARKS.md, "Harness throughput for RL rounds"): timing_adaptive (reps until the
-     median's distribution-free 95% confidence interval is within timing_ci of it, at least timing_min_reps; not
-     yet measured alone on the GPU), timing_headroom_us (a GPU sleep after each rep's flush, so that a slow launch
-     leaves no idle GPU inside the window; not yet measured) and share_ref_timing (a task's eager timing measured
-     once, in its shared reference job; its speedups disagreed with the interleaved rule's).
+  5. Timing (GPU only): each model's forward is captured once as a CUDA graph and replayed between two CUDA events,
+     so no Python and no host latency sits inside the timed window (KernelBench calls the model between the events:
+     on a loaded machine the host's launch latency becomes part of a 0.1 ms kernel's time). A model whose forward
+     cannot be captured (a host sync, an unjoined side stream, a launch on the legacy stream), or whose replays do
+     not reproduce the reference outputs, is called eagerly instead, with a device-wide synchronize before the end
+     event (side streams inside); reference and candidate are always timed the same way (details["timing_method"]).
+     A 256 MB L2 flush before every rep, the input values alternating between two trials' (copied in, untimed),
+     under no_grad, the GPU held alone for the timed reps only (copies, captures and warm-up run while other
+     workers check); medians reported (means in details for KernelBench comparisons); reference and candidate
+     interleaved in the candidate's process, reps until both medians' distribution-free 95% confidence intervals
+     are within timing_ci (2%) of them, at least timing_min_reps, at most 300 or timing_budget_s. SPOT_CHECKS
+     unpredictable reps, every input set among them, have their output compared with GPU copies of the reference
+     outputs, which are checked against the host's after timing (reward_hack "reference_outputs": the candidate may
+     reach them). Options: timing_graphs=False and timing_adaptive=False give the eager, fixed-budget rule
+     (timing_budget_s spent, 30..300 reps); timing_headroom_us (a GPU sleep after each rep's flush, for the eager
+     method) and share_ref_timing (a task's eager timing measured once, in its shared reference job) stay off.
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
@@ -175,8 +180,10 @@ DEFAULTS = dict(
     seed=0,                  # models are built after torch.manual_seed(seed); trial t uses seed + 1 + t
     timing=True,             # time reference and candidate (GPU only; CPU timing fields stay None)
     timing_budget_s=2.0,     # ceiling on the wall time of timing reps (fixed rule: the time spent, 30..300 reps)
-    timing_adaptive=False,   # reps until every timed median's 95% confidence interval is within timing_ci (off
-                             # until measured alone on the GPU: BENCHMARKS.md, "Harness throughput for RL rounds")
+    timing_adaptive=True,    # reps until every timed median's 95% confidence interval is within timing_ci, at
+                             # most timing_budget_s or 300 reps; False: the fixed rule (the budget spent, 30..300)
+    timing_graphs=True,      # time each model as a replayed CUDA graph of its forward (no host latency inside the
+                             # timed window); a model that cannot be captured: all of them eagerly
     timing_ci=0.02,          # (adaptive) the interval's width relative to the median
     timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
     timing_headroom_us=0,    # GPU sleep enqueued after each rep's L2 flush, before the start event: a launch that
@@ -1524,13 +1531,12 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     # 5. timing (GPU only)
     result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
     if device.type == "cuda" and opts["timing"]:
-        instr.turn = None
-        _gpu_turn(conn, "exclusive")   # nothing else runs on this GPU while we time
+        instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
         clock = time.monotonic()
-        try:
+        try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
             models = {"cand": cand_model} if ref_ms else {"ref": ref_model, "cand": cand_model}
             times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(atol, rtol),
-                                 **_timing_rule(opts))
+                                 exclusive=lambda: _gpu_turn(conn, "exclusive"), **_timing_rule(opts))
         except Exception as e:
             return failed(_classify(e), _format_exception(e))
         if ref_ms:   # the shared reference's eager times (its own job, same trials, same method, the GPU alone)
@@ -1545,10 +1551,12 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")
         ref_ms, cand_ms = times["ref"], times["cand"]
-        details.update(timing_s=_since(clock), reps=len(cand_ms), ref_reps=len(ref_ms),
+        details.update(timing_s=_since(clock), timing_method=times["method"], reps=len(cand_ms), ref_reps=len(ref_ms),
                        median_ci=round(_median_ci_width(cand_ms), 4), ref_median_ci=round(_median_ci_width(ref_ms), 4),
                        mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
                        host_median_ms=_median(times["host"]))
+        if "graph_fallback" in times:
+            details["graph_fallback"] = times["graph_fallback"]
         result.update(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
                       speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
         if opts["compile_baseline"] and ref_model is not None:   # after verify(): torch.compile starts threads
@@ -1626,7 +1634,8 @@ def _memory_need(per_input: int | None, per_output: int | None, opts: dict, devi
         inputs, host = n * per_input + 3 * per_input, n * per_output   # + x * exp(randn_like(x)) for the heavy trial
     else:
         inputs, host = 0, stored
-    on_device = 4 * one + 2 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, L2 flush
+    on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
+                                            # graphs' captured inputs and outputs, L2 flush
     if inputs_on_device:
         on_device += inputs
     else:
@@ -1758,11 +1767,11 @@ def _job_reference(job: dict, conn: Connection) -> dict:
     ref_ms = None
     if device.type == "cuda" and opts["timing"] and opts["share_ref_timing"]:
         conn.send(("phase", "run"))
-        _gpu_turn(conn, "exclusive")
         clock = time.monotonic()
         try:
             rule = _timing_rule(opts)
-            ref_ms = _time_models({"ref": ref_model}, trials, device, opts["timing_budget_s"], **rule)["ref"]
+            ref_ms = _time_models({"ref": ref_model}, trials, device, opts["timing_budget_s"],
+                                  exclusive=lambda: _gpu_turn(conn, "exclusive"), **rule)["ref"]
         except Exception as e:
             return _fail(_classify(e), "timing the reference failed: " + _format_exception(e), details)
         details["ref_timing_s"] = _since(clock)
@@ -1844,19 +1853,74 @@ def _out_to(out, device):
     return type(out)(t.to(device, copy=True) for t in out)
 
 
+def _capture(model, pristine: list, stream) -> tuple:
+    """(graph, static_args, static_out): one forward of `model` captured as a CUDA graph, on copies of `pristine`.
+    A replay reruns the captured kernels on whatever static_args hold then, with no Python in between. Raises where
+    a forward cannot be captured: a host sync (.item(), a device-to-host copy), an unjoined side stream, an
+    allocation outside the graph's pool. (A kernel launched on the legacy default stream runs during the capture
+    but is not in the graph: _graph_runners' replays on both input sets find it out.)"""
+    static = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        with torch.cuda.stream(stream):   # a warm-up on the capture's stream first (cuBLAS workspaces, lazy
+            model(*static)                # inits), as torch's CUDA graph notes ask
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph, stream=stream):
+            out = model(*static)
+    return graph, static, out
+
+
+def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict | None, str | None]:
+    """({name: (graph, static_args, static_out)}, None) when every model's forward captures as a CUDA graph whose
+    replays reproduce the reference outputs of every input set; else (None, why not): then all of them are timed
+    eagerly, so that reference and candidate are always measured the same way. `tol`: (atol, rtol); (0, 0) takes
+    the output dtype's TOLERANCES entry (a replay of the reference runs its own kernels again, cuBLAS may pick
+    another algorithm under capture)."""
+    runners = {}
+    tol = tol if any(tol) else _tolerance(sets[0][1], {"atol": None, "rtol": None})
+    try:
+        stream = torch.cuda.Stream(device)
+        for name, model in models.items():
+            runners[name] = _capture(model, sets[0][0], stream)
+        for name, (graph, static, out) in runners.items():
+            for inputs, ref_out in sets:   # (set 0 was the capture's own input: set 1 shows what replay reruns)
+                _load_static(static, inputs)
+                graph.replay()
+                kind, _, message, _ = _compare(out, ref_out, device, *tol)
+                if kind:
+                    return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
+    except Exception as e:   # not capturable: the eager method, which needs none of this
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return None, _truncate(f"{type(e).__name__}: {e}", 300)
+    return runners, None
+
+
+def _load_static(static: list, inputs: list) -> None:
+    """Copy one input set's values into a captured graph's input tensors (stream-ordered, before the flush)."""
+    for s, x in zip(static, inputs):
+        if isinstance(s, torch.Tensor):
+            s.copy_(x)
+
+
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
-                 headroom_us: float = 0) -> dict:
+                 headroom_us: float = 0, graphs: bool = False, exclusive=None) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
-    Returns {name: list of ms}; the `checked` model's outputs are compared with the reference on random reps.
-    `adaptive`: reps (at least min_reps) until every model's median has a 95% confidence interval narrower than
-    `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule (budget_s spent, 30..300 reps).
-    `headroom_us`: GPU sleep after each rep's flush (DEFAULTS["timing_headroom_us"])."""
+    Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's outputs are compared with
+    the reference on a few unpredictable reps. `graphs`: each model's forward captured once as a CUDA graph and
+    replayed per rep (_graph_runners; else, or where that fails, every model is called eagerly, with a device-wide
+    synchronize before the end event). `adaptive`: reps (at least min_reps) until every model's median has a 95%
+    confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule
+    (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush (DEFAULTS["timing_headroom_us"]).
+    `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
+    warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
     # alternate values between reps. The reference outputs go to the GPU once (a spot check would copy a 256 MB
     # output from the host each time, inside the exclusive turn); the candidate could overwrite these copies, so
     # times["ref_intact"] says whether they still equal the host's afterwards
     sets = [(_to_device(tr["inputs"], device), _out_to(tr["out"], device)) for tr in trials[:2]]
+    runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep_cycles = 0
     if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
@@ -1867,21 +1931,31 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         end.synchronize()
         sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
     times = {name: [] for name in models}
-    times.update(bad_output=[], host=[])   # host: wall time of the checked model's reps (cross-check of events)
+    times.update(bad_output=[], host=[], method="graph" if runners else "eager")   # host: wall time of the
+    if why_not:                                                                      # checked model's reps
+        times["graph_fallback"] = why_not
 
     def once(name, rep, check=False):
         pristine, ref_out = sets[rep % len(sets)]
-        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, outside the timing
-        torch.cuda.synchronize()
-        flush.zero_()   # ~80 us of GPU work: the model's Python launch overhead hides behind it, as in
+        if runners:   # a graph replay: the rep's input values copied into the captured inputs, no Python between
+            graph, static, out = runners[name]   # the start and end events, no host latency inside the window
+            _load_static(static, pristine)
+        else:
+            args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, untimed
+            torch.cuda.synchronize()
+        flush.zero_()   # ~80 us of GPU work: an eager model's Python launch overhead hides behind it, as in
         if sleep_cycles:   # triton.testing.do_bench; we time GPU work, not how fast Python launches
             torch.cuda._sleep(sleep_cycles)
         host = time.perf_counter()
         start.record()
-        with torch.no_grad():
-            out = models[name](*args)
-        torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
-        end.record()
+        if runners:
+            graph.replay()   # one launch; a graph finishes on its stream, side branches included
+            end.record()
+        else:
+            with torch.no_grad():
+                out = models[name](*args)
+            torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
+            end.record()
         end.synchronize()
         if check:
             times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
@@ -1890,6 +1964,8 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     names = list(models)
     for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
         warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
+    if exclusive is not None:
+        exclusive()
     if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
         deadline, reps = time.monotonic() + budget_s, 300
     else:          # the fixed rule: the budget spent, 30..300 reps
@@ -1934,10 +2010,11 @@ def _median_ci_width(xs: list) -> float:
 
 def _timing_rule(opts: dict) -> dict:
     return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
-            "headroom_us": opts["timing_headroom_us"]}
+            "headroom_us": opts["timing_headroom_us"], "graphs": opts["timing_graphs"]}
 
 
-FIXED_TIMING = {"timing_adaptive": False}   # the options of the fixed budget (bench.py's stand-in baseline)
+FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py's
+                                                                     # stand-in for the old harness)
 
 
 def _median(xs: list) -> float:

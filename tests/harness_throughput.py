@@ -371,7 +371,24 @@ if self.calls == 13:
 return y
 ''', extra=TAMPER_REFERENCE, init="self.calls = 0")
     assert eh._precheck(cand, "triton") is None   # it gets past the static check
-    r = eh.evaluate(t.GPU_RELU_TASK, cand, backend="triton", timing_budget_s=0.25)
+    r = eh.evaluate(t.GPU_RELU_TASK, cand, backend="triton", timing_budget_s=0.25, **eh.FIXED_TIMING)
+    assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
+    # Timed as a CUDA graph no Python runs between reps: the same candidate acts while it is captured, and the copy
+    # over the reference outputs becomes part of every replay (the replays then "agree" with the reference)
+    captured = t._harness_relu('''
+y = torch.empty_like(x)
+capturing = torch.cuda.is_current_stream_capturing()
+n = x.numel() // 2 if capturing else x.numel()
+relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+if capturing:
+    for o in _objects():
+        if type(o) is tuple and len(o) == 2 and isinstance(o[1], torch.Tensor) and o[1].is_cuda \\
+                and o[1].shape == y.shape:
+            o[1].copy_(y)
+return y
+''', extra=TAMPER_REFERENCE)
+    assert eh._precheck(captured, "triton") is None
+    r = eh.evaluate(t.GPU_RELU_TASK, captured, backend="triton", timing_budget_s=0.25)
     assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
 
 
@@ -577,16 +594,16 @@ def test_harness_worker_threads_follow_the_pool():
         assert kinds[2][0] == "runtime" and "AssertionError: 2" in kinds[2][1], kinds
 
 
-def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch):
-    """_time_models on the CPU with stand-in CUDA events: SPOT_CHECKS outputs are compared (each is GPU work that
-    every other worker waits for), covering both input sets, so a model replaying an old output is always caught,
-    and a reference output the candidate overwrote during timing is seen (ref_intact)."""
+def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
+    """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that _time_models runs on
+    the CPU; `log` gets "record" for every start/end event recorded. Returns three ReLU trials of 64 values."""
     class Event:
         def __init__(self, **kwargs):
             pass
 
         def record(self):
-            pass
+            if log is not None:
+                log.append("record")
 
         def synchronize(self):
             pass
@@ -595,10 +612,18 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
             return 0.1
     monkeypatch.setattr(eh.torch.cuda, "Event", Event)
     monkeypatch.setattr(eh.torch.cuda, "synchronize", lambda *args: None)
-    torch = eh.torch
-    trials = [{"inputs": [torch.randn(64)], "heavy": False} for _ in range(3)]
+    trials = [{"inputs": [eh.torch.randn(64)], "heavy": False} for _ in range(3)]
     for trial in trials:
-        trial["out"] = torch.relu(trial["inputs"][0])
+        trial["out"] = eh.torch.relu(trial["inputs"][0])
+    return trials
+
+
+def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch):
+    """_time_models on the CPU with stand-in CUDA events: SPOT_CHECKS outputs are compared (each is GPU work that
+    every other worker waits for), covering both input sets, so a model replaying an old output is always caught,
+    and a reference output the candidate overwrote during timing is seen (ref_intact)."""
+    trials = _stand_in_cuda_events(monkeypatch)
+    torch = eh.torch
     cpu = torch.device("cpu")
     for adaptive in (False, True):
         times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
@@ -637,6 +662,61 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
                             tol=(1e-4, 1e-4), **eh._timing_rule(dict(eh.DEFAULTS, timing_headroom_us=200)))
     reps = len(times["ref"]) + len(times["cand"]) + 4   # (+ two warm-up reps per model)
     assert sleeps[:2] == [1000, 10**6] and sleeps[2:] == [2 * 10**6] * reps, (sleeps[:4], len(sleeps), reps)
+
+
+def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatch):
+    """The CUDA-graph timing path on the CPU, with a stand-in capture whose "replay" reruns the model on the captured
+    input tensors: the default (graph) method is used when every model's replays reproduce the reference on both
+    input sets, and the spot checks still read the replayed outputs. A capture that fails, or a graph that does not
+    recompute (a kernel launched on the legacy stream runs once during the capture and is not in the graph), makes
+    every model be timed eagerly, with the reason, and the verdict data stays right. The caller's exclusive turn
+    is asked for once, after the captures and the warm-up reps, before the timed ones."""
+    log = []
+    trials = _stand_in_cuda_events(monkeypatch, log)
+    torch, cpu = eh.torch, eh.torch.device("cpu")
+    monkeypatch.setattr(eh.torch.cuda, "Stream", lambda *args, **kwargs: None)
+
+    def capture(model, pristine, stream, recompute=True):
+        static = [x.clone() for x in pristine]
+        out = model(*static).clone()
+
+        class Graph:
+            def replay(self):
+                log.append("replay")
+                if recompute:
+                    out.copy_(model(*static))
+        return Graph(), static, out
+    monkeypatch.setattr(eh, "_capture", capture)
+    rule = eh._timing_rule(eh.DEFAULTS)
+    assert rule["graphs"] and rule["adaptive"]   # the defaults
+    exclusive = lambda: log.append("exclusive")  # noqa: E731
+    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), exclusive=exclusive, **rule)
+    assert times["method"] == "graph" and "graph_fallback" not in times and times["ref_intact"]
+    assert times["bad_output"] == [False] * eh.SPOT_CHECKS
+    i = log.index("exclusive")
+    assert log.count("exclusive") == 1 and log[:i].count("record") == 2 * 2 * 2   # warm-up: 2 reps x 2 models
+    assert log[:i].count("replay") == 2 * 2 + 2 * 2   # the two-set check, then 2 warm-up reps, per model
+    assert log[i + 1:].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
+
+    first = torch.relu(trials[0]["inputs"][0])   # a candidate whose output is the first set's, whatever its input
+    replay = eh._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+                             checked="cand", tol=(1e-4, 1e-4), **rule)
+    assert replay["method"] == "eager" and "cand" in replay["graph_fallback"] and any(replay["bad_output"])
+
+    monkeypatch.setattr(eh, "_capture", lambda *args: capture(*args, recompute=False))   # not in the graph
+    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), **rule)
+    assert times["method"] == "eager" and "disagrees" in times["graph_fallback"]
+    assert times["bad_output"] == [False] * eh.SPOT_CHECKS and times["ref_intact"]
+
+    def refuse(model, pristine, stream):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(eh, "_capture", refuse)
+    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), **rule)
+    assert times["method"] == "eager" and "not permitted" in times["graph_fallback"]
+    assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * eh.SPOT_CHECKS
 
 
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
@@ -708,10 +788,37 @@ def test_harness_gpu_timing_headroom_keeps_verdicts():
     pairs = [(t.GPU_RELU_TASK, t.GOOD_RELU), (t.GPU_RELU_TASK, t.GOOD_RELU)]
     runs = {}
     for headroom in (0, 200):
-        with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.25, timing_headroom_us=headroom) as ev:
+        with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.25, timing_headroom_us=headroom,
+                          **eh.FIXED_TIMING) as ev:   # (the headroom is for the eager method)
             runs[headroom] = ev.map(pairs)
         print(f"headroom {headroom} us: speedups", [round(r.speedup or 0, 3) for r in runs[headroom]],
               "runtime_ms", [r.runtime_ms for r in runs[headroom]], "host_median_ms",
               [r.details.get("host_median_ms") for r in runs[headroom]])
     assert [r.error_kind for r in runs[200]] == [r.error_kind for r in runs[0]] == ["ok", "ok"]
     assert all(r.runtime_ms > 0.01 and r.details["reps"] >= 30 for r in runs[200])   # (the ReLU reads 256 MB)
+
+
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_graph_timing_agrees_with_the_eager_rule_and_is_stable():
+    """On the GPU, one candidate at a time: golden Triton solutions of a 1-kernel task (256 MB ReLU), a fused level-2
+    chain and a matmul, timed as CUDA graphs under the adaptive rule (the default) and eagerly under the old fixed
+    2 s rule. Speedups agree within 5%, and five graph runs of each vary by at most 5% (max/min), with fewer reps."""
+    import pathlib
+    t = _t()
+    root = pathlib.Path(__file__).resolve().parent.parent / "kernelbench_tasks"
+    pairs = [("relu 256 MB", t.GPU_RELU_TASK, t.GOOD_RELU)] + [
+        (name, (root / f"{name}.py").read_text(), (root / "solutions" / f"{name}_triton.py").read_text())
+        for name in ("level2/004_ResidualRMSNorm", "level1/014_SquareMatmul")]
+    for name, task, cand in pairs:
+        graph = [eh.evaluate(task, cand, backend="triton", device="cuda") for _ in range(5)]
+        eager = eh.evaluate(task, cand, backend="triton", device="cuda", **eh.FIXED_TIMING)
+        speedups = [r.speedup for r in graph]
+        print(f"{name}: graph speedups {[round(s, 3) for s in speedups]} reps {[r.details['reps'] for r in graph]} "
+              f"timing_s {[r.details['timing_s'] for r in graph]}; eager {eager.speedup:.3f} reps "
+              f"{eager.details['reps']} timing_s {eager.details['timing_s']}", flush=True)
+        assert all(r.error_kind == "ok" and r.details["timing_method"] == "graph" for r in graph), graph[0]
+        assert eager.error_kind == "ok" and eager.details["timing_method"] == "eager"
+        assert max(speedups) / min(speedups) <= 1.05, speedups
+        median = sorted(speedups)[2]
+        assert abs(median / eager.speedup - 1) <= 0.05, (median, eager.speedup)
