@@ -87,9 +87,11 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     `with torch.device("cuda")`, inside the worker's shared GPU turn, so factory calls without a device (randn,
     rand, randint, ...) make the inputs there in milliseconds, from the same per-trial seeds (other values than the
     host's generator draws; reference and candidate see the same ones); tensors a task puts on the CPU are moved.
-    The inputs stay on the GPU (max_trial_gb and the GPU memory admission count them there; details["trials_on"]),
-    the reference outputs go to the host: a kernel can write anywhere in its process's GPU memory, and rewriting the
-    stored inputs only makes its own outputs disagree with those. With inputs_on_device=False (and on the CPU) the
+    The inputs and the reference outputs stay on the GPU (max_trial_gb and the GPU memory admission count them
+    there; details["trials_on"]). A kernel can write anywhere in its process's GPU memory: rewriting the stored
+    inputs only makes its own outputs disagree, and each output's keyed fingerprint, kept on the host, is checked
+    after the trials and after timing (reward_hack "reference_outputs"); page-locked host copies of a 256 MB
+    task's outputs cost ~1 s per candidate (H200). With inputs_on_device=False (and on the CPU) the
     inputs are made on the host before the worker asks for the GPU (a timer waits for every holder; a reference
     that mentions cuda asks first). Shared reference jobs send their trials through the host either way.
   - Zygotes are started with subprocess.Popen, not multiprocessing: the environment (TRITON_INTERPRET,
@@ -198,7 +200,7 @@ DEFAULTS = dict(
     max_trial_gb=4.0,        # stored trial inputs + outputs, wherever they live; tasks above it get fewer trials
     inputs_on_device=True,   # on a GPU: get_inputs() runs under `with torch.device("cuda")` and the trial inputs
                              # stay there (ms instead of ~1.6 s of host randn + copies for a 256 MB task); False: made
-                             # on the host as before. Reference outputs stay on the host either way. No-op on the CPU
+                             # on the host as before (and the reference outputs kept there). No-op on the CPU
     share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
                              # None: on a GPU only. Off: on the H200 the shared group's speedups came out 0.73 vs
                              # 0.95 unshared for a 0.1 ms ReLU (the verdicts agreed); see BENCHMARKS.md, "Harness throughput for RL rounds"
@@ -995,6 +997,7 @@ class _Instrumentation:
         self.recording, self.paused = False, 0
         self.turn = None                        # the job's connection while it holds a shared GPU turn
         self.problems = []                      # deterministic/fill flags flipped inside a candidate call
+        self.poison_s = 0.0                     # seconds spent NaN-flooding the allocator before candidate calls
         instr = self
 
         def record(mode, func, types, args=(), kwargs=None):
@@ -1092,7 +1095,9 @@ class _Instrumentation:
     def candidate_call(self, poison_bytes: int):
         """One candidate forward: no_grad, NaN-poisoned memory, launches and aten ops recorded."""
         if self.device == "cuda":
+            clock = time.monotonic()
             _poison_cuda_allocator(poison_bytes)
+            self.poison_s += time.monotonic() - clock
         det = torch.utils.deterministic
         saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                  det.fill_uninitialized_memory)
@@ -1218,13 +1223,45 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def _detach_cpu(out):
-    """The reference output, stored on the host: a tensor or a tuple/list of tensors."""
+def _detach_cpu(out, where="cpu"):
+    """A copy of a reference output (a tensor or a tuple/list of tensors), detached, on the host (or on `where`)."""
+    copy = _host_copy if str(where) == "cpu" else (lambda t: t.detach().to(where, copy=True))
     if isinstance(out, torch.Tensor):
-        return _host_copy(out)
+        return copy(out)
     if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
-        return type(out)(_host_copy(t) for t in out)
+        return type(out)(copy(t) for t in out)
     raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
+
+
+_FINGERPRINT_CHUNK = 2**24   # words per step: bounds the int64 temporaries (~400 MB) of a multi-GB output
+_FINGERPRINT_PRIME = 2**31 - 1
+
+
+def _fingerprint(out, key: int) -> list[int]:
+    """A keyed checksum of each tensor's bytes, computed where it lives: sum over words w_i of w_i * ((a*i + b) mod p)
+    in wrapping int64 arithmetic (order-independent, so deterministic on the GPU), a and b drawn from `key`. Changing
+    any word changes it unless the change was made to cancel out under weights the candidate does not know. The
+    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a 256 MB output is
+    copied in 0.2 ms on the device instead of paying ~0.15 s of page-locked host memory per trial."""
+    a, b = key % (_FINGERPRINT_PRIME - 1) + 1, (key >> 32) % _FINGERPRINT_PRIME
+    sums = []
+    for t in _tensors(out):
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
+        total = torch.zeros((), dtype=torch.int64, device=t.device)
+        for i in range(0, words.numel(), _FINGERPRINT_CHUNK):
+            w = words[i:i + _FINGERPRINT_CHUNK].to(torch.int64)
+            weight = (torch.arange(i, i + w.numel(), dtype=torch.int64, device=t.device) * a + b) % _FINGERPRINT_PRIME
+            total += (w * weight).sum()
+        sums.append(int(total))
+    return sums
+
+
+def _outputs_intact(trials: list) -> bool:
+    """Whether every reference output kept on the GPU still has the fingerprint it had when it was made (a kernel
+    can write anywhere in its process's GPU memory, and an output rewritten to match the candidate's would pass the
+    comparison). Host-kept outputs have none: no kernel reaches them."""
+    return all(_fingerprint(tr["out"], tr["fp"][0]) == tr["fp"][1] for tr in trials if "fp" in tr)
 
 
 def _repeatable(a, b) -> bool:
@@ -1295,13 +1332,15 @@ def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
 
 def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
                  between=None) -> tuple[list, bool]:
-    """Reference outputs (on the host) for every (inputs, heavy) draw of _trial_inputs, computed before the candidate
-    exists; inputs kept on `store` (the GPU when made there). Skips normal draws once inputs and outputs together
-    would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials, whether the
-    reference mutates its inputs). The outputs stay on the host even when the inputs live on the GPU: a candidate's
-    kernel can write to any device address in its process (an out-of-bounds store finds the caching allocator's
-    other blocks), and rewriting stored inputs only makes its own outputs disagree with the host's references.
-    `between()`, if given, runs before every draw but the first (a waiting timer gets the GPU there)."""
+    """Reference outputs for every (inputs, heavy) draw of _trial_inputs, computed before the candidate exists; inputs
+    and outputs kept on `store` (the GPU when the inputs were made there). Skips normal draws once inputs and outputs
+    together would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials,
+    whether the reference mutates its inputs). Outputs kept on the GPU get a fingerprint (trial["fp"]): a
+    candidate's kernel can write to any device address in its process (an out-of-bounds store finds the caching
+    allocator's other blocks), so _outputs_intact checks them before a verdict stands; rewriting stored inputs only
+    makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
+    waiting timer gets the GPU there)."""
+    key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
     trials, mutates = [], False
     allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
     for i, (inputs, heavy) in enumerate(draws):
@@ -1312,7 +1351,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
         args = _to_device(inputs, device)
         with torch.no_grad():
             produced = ref_model(*args)
-        out = _detach_cpu(produced)
+        out = _detach_cpu(produced, store)
         finite = not heavy or all(bool(torch.isfinite(o).all()) for o in _tensors(produced) if o.is_floating_point())
         mutates |= not all(_same(a, x) for a, x in zip(args, inputs))   # (checked where made: no host-side scan)
         del args, produced
@@ -1321,6 +1360,8 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
             break
         trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
                        "out": out, "heavy": heavy})
+        if any(t.is_cuda for t in _tensors(out)):
+            trials[-1]["fp"] = (key, _fingerprint(out, key))
         if len(trials) == 1:
             allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
     details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
@@ -1496,12 +1537,14 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             if t == 0 or t == len(trials) - 2:   # run twice on fresh copies: must agree with itself (races)
                 with instr.candidate_call(poison):
                     again = cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
-                kind, _, message, _ = _compare(again, _detach_cpu(out), device, atol, rtol)
+                kind, _, message, _ = _compare(again, _detach_cpu(out, device), device, atol, rtol)
                 if kind:
                     return failed("mismatch", "two runs on the same inputs disagree: " + message, "nondeterministic")
                 del again
             del out, pristine
-        details["trials"], details["trials_s"] = len(trials), _since(clock)
+        details.update(trials=len(trials), trials_s=_since(clock), poison_s=round(instr.poison_s, 3))
+        if not _outputs_intact(trials):
+            return failed("reward_hack", _REWRITTEN, "reference_outputs")
     except Exception as e:
         return failed(_classify(e), _format_exception(e))
     except SystemExit as e:
@@ -1544,9 +1587,8 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
         hit = instr.verify()
         if hit:
             return failed("reward_hack", hit[1], hit[0])
-        if not times["ref_intact"]:
-            return failed("reward_hack", "the reference outputs kept on the GPU for the timing spot checks changed "
-                          "while the candidate ran", "reference_outputs")
+        if not times["ref_intact"] or not _outputs_intact(trials):
+            return failed("reward_hack", _REWRITTEN, "reference_outputs")
         if any(times["bad_output"]):
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")
@@ -1567,6 +1609,9 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             except Exception as e:   # the baseline is optional: report, do not fail the candidate
                 details["compile_baseline_error"] = _truncate(_format_exception(e), 300)
     return result
+
+
+_REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
 
 
 def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> tuple:
@@ -1620,7 +1665,7 @@ def _input_bytes_on_meta(ref, opts: dict) -> int | None:
 def _memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
                  inputs_on_device: bool = False, stored: int | None = None) -> tuple[int, int]:
     """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
-    stored trials (max_trial_gb caps them; their inputs count on the device when made there), the heavy trial's
+    stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
     temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
     their reference outputs. `stored`: bytes of trials already made (a shared reference: no temporaries). Unknown
     sizes (None) are taken as max_trial_gb."""
@@ -1631,15 +1676,13 @@ def _memory_need(per_input: int | None, per_output: int | None, opts: dict, devi
     one = per_input + per_output
     if stored is None:
         n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
-        inputs, host = n * per_input + 3 * per_input, n * per_output   # + x * exp(randn_like(x)) for the heavy trial
+        made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
     else:
-        inputs, host = 0, stored
+        made, host = 0, stored
     on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
                                             # graphs' captured inputs and outputs, L2 flush
-    if inputs_on_device:
-        on_device += inputs
-    else:
-        host += inputs
+    if stored is None:   # made here: on the device or on the host
+        on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)
     return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
 
 

@@ -390,6 +390,20 @@ return y
     assert eh._precheck(captured, "triton") is None
     r = eh.evaluate(t.GPU_RELU_TASK, captured, backend="triton", timing_budget_s=0.25)
     assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
+    # The trials' reference outputs live on the GPU too (their keyed fingerprints on the host): a candidate that
+    # writes its own half-done output over them passes every comparison; the fingerprints after the trials see it
+    trial_tamper = t._harness_relu('''
+y = torch.empty_like(x)
+n = x.numel() // 2
+relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+for o in _objects():
+    if type(o) is dict and isinstance(o.get("out"), torch.Tensor) and o["out"].is_cuda and o["out"].shape == y.shape:
+        o["out"].copy_(y)
+return y
+''', extra=TAMPER_REFERENCE)
+    assert eh._precheck(trial_tamper, "triton") is None
+    r = eh.evaluate(t.GPU_RELU_TASK, trial_tamper, backend="triton", timing_budget_s=0.25)
+    assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
 
 
 def test_harness_lint_determinism_allows_reordered_sums_not_randomness():
@@ -719,6 +733,38 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * eh.SPOT_CHECKS
 
 
+def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeypatch):
+    """The keyed fingerprint that guards reference outputs kept on the GPU (computed here on the CPU, same code):
+    equal for equal bytes, different after one changed word or bit, under another key, or for a tuple with one
+    changed member; independent of how many words one step takes; odd byte counts and every dtype work.
+    _outputs_intact checks every trial that has one and ignores those without (host-kept outputs)."""
+    torch = eh.torch
+    x = torch.randn(1000, 7)
+    key = 123456789123
+    fp = eh._fingerprint(x, key)
+    assert fp == eh._fingerprint(x.clone(), key) and len(fp) == 1
+    y = x.clone()
+    y[500, 3] = -y[500, 3]   # one sign bit
+    assert eh._fingerprint(y, key) != fp
+    y = x.clone()
+    y.view(-1)[[10, 11]] = y.view(-1)[[11, 10]]   # two words swapped: the weights are positional
+    assert eh._fingerprint(y, key) != fp
+    assert eh._fingerprint(x, key + 1) != fp
+    monkeypatch.setattr(eh, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
+    assert eh._fingerprint(x, key) == fp
+    for t in (torch.arange(7, dtype=torch.uint8), torch.ones(3, dtype=torch.bool), torch.randn(5).half(),
+              torch.randn(4, 4).t()):   # 7 and 3 bytes: byte words; a transposed (non-contiguous) view
+        assert eh._fingerprint(t, key) == eh._fingerprint(t.clone(), key)
+    pair = (x, torch.arange(10))
+    assert eh._fingerprint(pair, key) == [fp[0], eh._fingerprint(pair[1], key)[0]]
+    trials = [{"inputs": [], "out": x.clone(), "heavy": False, "fp": (key, fp)},
+              {"inputs": [], "out": torch.zeros(3), "heavy": False}]   # (kept on the host: no fingerprint)
+    assert eh._outputs_intact(trials)
+    trials[0]["out"][0, 0] += 1
+    trials[1]["out"][0] = 5
+    assert not eh._outputs_intact(trials)
+
+
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
     """The zygote's answer to a fork request never comes (it died meanwhile): the pool starts a new zygote and the
     worker it forks runs the job; nothing reaches map() as an exception."""
@@ -803,7 +849,10 @@ def test_harness_gpu_timing_headroom_keeps_verdicts():
 def test_harness_gpu_graph_timing_agrees_with_the_eager_rule_and_is_stable():
     """On the GPU, one candidate at a time: golden Triton solutions of a 1-kernel task (256 MB ReLU), a fused level-2
     chain and a matmul, timed as CUDA graphs under the adaptive rule (the default) and eagerly under the old fixed
-    2 s rule. Speedups agree within 5%, and five graph runs of each vary by at most 5% (max/min), with fewer reps."""
+    2 s rule. Five graph runs of each vary by at most 5% (max/min). The eager rule reads the host's launch latency
+    into the window, so it may only come out lower, by up to 10%: on the H200 (2026-12-03) the ReLU's eager speedup
+    was 0.920 in one run and 0.998 in the next against 0.998-1.003 as graphs, the RMSNorm chain's 3.80 against
+    4.10."""
     import pathlib
     t = _t()
     root = pathlib.Path(__file__).resolve().parent.parent / "kernelbench_tasks"
@@ -821,4 +870,4 @@ def test_harness_gpu_graph_timing_agrees_with_the_eager_rule_and_is_stable():
         assert eager.error_kind == "ok" and eager.details["timing_method"] == "eager"
         assert max(speedups) / min(speedups) <= 1.05, speedups
         median = sorted(speedups)[2]
-        assert abs(median / eager.speedup - 1) <= 0.05, (median, eager.speedup)
+        assert 0.97 <= median / eager.speedup <= 1.10, (median, eager.speedup)
