@@ -1114,6 +1114,17 @@ def test_harness_gpu_stale_memory_and_lint_timing():
     result = eh.evaluate(GPU_RELU_TASK, stale, backend="cuda", device="cuda")
     _show("stale", result)
     assert result.error_kind in ("mismatch", "reward_hack"), result
+    # Raw storage is not filled by deterministic mode: its bytes are whatever the allocator's free block held, e.g.
+    # the reference's freed output for these very inputs. Every free block is NaN-filled before each call, so the
+    # answer is never found there (the relu of one element keeps a kernel of its own launched).
+    raw = _harness_relu('''
+relu_kernel[(1,)](x, torch.empty_like(x), 1, BLOCK=1024)
+storage = torch.UntypedStorage(x.numel() * x.element_size(), device=x.device)
+return torch.empty(0, dtype=x.dtype, device=x.device).set_(storage).view(x.shape)
+''')
+    result = eh.evaluate(GPU_RELU_TASK, raw, backend="triton", device="cuda")
+    _show("stale raw storage", result)
+    assert result.error_kind == "mismatch", result   # ("NaN where the reference is not" when the block was cached)
     report = eh.lint_task(GPU_RELU_TASK, device="cuda")
     assert report["eager_ms"] is not None and report["ok"], report
     small = eh.lint_task(RELU_TASK, device="cuda")   # 4096 elements: launch-bound
