@@ -115,6 +115,9 @@ class Config:
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
     round_tasks: int = 16            # (e) tasks of the round-shaped batch (golden Triton solutions' tasks)
     round_samples: int = 8           # (e) candidates per task (5 correct, 1 wrong, 1 not compiling, 1 raising)
+    round_answers: str = ""          # (e) eval JSONs (kernelzero.py eval, bench.py models), comma-separated: a
+    #                                  model's failing answers to a task replace its synthetic wrong and failing
+    #                                  candidates (a real mix of errors), where the files have some
     round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on the
     #                                  same batch in the same call ("" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it)
@@ -668,11 +671,34 @@ ModelNew.forward = _kz_{kind}
 '''
 
 
-def round_candidates(tag: str, tasks: int, samples: int) -> list[tuple[str, str, str]]:
+def model_failures(paths: str) -> dict[str, list[tuple[str, str]]]:
+    """{task name: [(answer, recorded verdict)]} of the answers that were not correct, from eval JSONs (every sample's
+    answer where the file has them, else each task's first one). Answers without a code block (format) are kept:
+    they are part of a real round's mix, and cost the harness nothing."""
+    failures = collections.defaultdict(list)
+    for path in filter(None, paths.split(",")):
+        with open(path) as f:
+            tasks = json.load(f)["tasks"]
+        for name, t in tasks.items():
+            answers, kinds = t.get("answers") or [t["first_answer"]], t.get("sample_kind") or [t["first_kind"]]
+            failures[name] += [(a, k) for a, k in zip(answers, kinds) if k != "ok"]
+    return dict(failures)
+
+
+def _tag_kernel(src: str, tag: str) -> str:
+    """The tag as a comment inside the first @triton.jit function's body: Triton's cache key is the function's source
+    from `def`, so no run and no candidate is served another's compiled kernel."""
+    return re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf"\1    # kz-bench {tag}\n", src, count=1)
+
+
+def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None = None) -> list[tuple[str, str, str]]:
     """(ref_src, cand_src, label) for `tasks` x `samples` Triton candidates: per task, samples 0-4 are the golden
     solution (correct; each with its own tag in the kernel source, so Triton's cache never serves one), 5 scales the
     output after the real kernel (a mismatch), 6 is cut off mid-file (a syntax error: an answer that hit the token
-    limit), 7 launches a kernel with a null pointer (a runtime error). Labels: ok / wrong / fail."""
+    limit), 7 launches a kernel with a null pointer (a runtime error). Labels: ok / wrong / fail. `failures`
+    (model_failures): samples 5-7 of a task that has any are a model's failing answers instead, labelled by their
+    recorded verdict."""
+    from eval_harness import extract_code
     root = os.path.join(HERE, "kernelbench_tasks")
     out = []
     for level, name in ROUND_TASKS[:tasks]:
@@ -680,11 +706,16 @@ def round_candidates(tag: str, tasks: int, samples: int) -> list[tuple[str, str,
             ref = f.read()
         with open(os.path.join(root, "solutions", level, name + "_triton.py")) as f:
             gold = f.read()
+        real = (failures or {}).get(name, [])
         for i in range(samples):
-            # the tag goes inside the first kernel's body: Triton's cache key is the function's source from `def`
-            src = re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf"\1    # kz-bench {tag}-{name}-{i}\n", gold, count=1)
+            src = _tag_kernel(gold, f"{tag}-{name}-{i}")
             kind = ["ok"] * 5 + ["wrong", "fail", "raise"]
             k = kind[i % len(kind)]
+            if k != "ok" and real:   # a model's answer, as the trainer hands it over (None: no code block)
+                answer, verdict = real[(i - 5) % len(real) if i >= 5 else i % len(real)]
+                code = extract_code(answer)
+                out.append((ref, code and _tag_kernel(code, f"{tag}-{name}-{i}"), coarse(verdict)))
+                continue
             if k == "wrong":
                 src += _ROUND_WRAP.format(kind="wrong", body="_kz_scale[(triton.cdiv(out.numel(), 1024),)](out, "
                                                             "out.numel(), BLOCK=1024)")
@@ -733,7 +764,8 @@ def bench_round(cfg: Config, tag: str) -> None:
     numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
     compared with the first variant's as soon as it ends, and with the baseline's at the end."""
     import eval_harness
-    pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples)
+    failures = model_failures(cfg.round_answers)
+    pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples, failures)
     runs = {variant or "new": (eval_harness, _round_opts(variant)) for variant in cfg.round_timing.split(";")}
     if cfg.round_baseline:
         runs["baseline"] = (_harness_module(cfg.round_baseline), {})
@@ -741,7 +773,9 @@ def bench_round(cfg: Config, tag: str) -> None:
         runs["baseline"] = (eval_harness, {"share_reference": False, "inputs_on_device": False,   # (host inputs:
                                            **eval_harness.FIXED_TIMING})                       # the old harness)
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
-    for name, (module, opts) in runs.items():
+    for run, (name, (module, opts)) in enumerate(runs.items()):
+        # the same candidates, tagged anew per run: no run gets the Triton cache's kernels of the one before it
+        pairs = round_candidates(f"{tag}-round{run}", cfg.round_tasks, cfg.round_samples, failures)
         t0 = time.perf_counter()
         with module.Evaluator(backend="triton", progress=False, **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
             t1 = time.perf_counter()   # (the Evaluator boots its workers from here on, in the background)

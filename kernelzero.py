@@ -1846,6 +1846,9 @@ def load_tasks(level, kernelbench_dir="", max_tasks=0):
     return [(os.path.basename(f)[:-3], open(f).read()) for f in files]
 
 
+ANSWER_CHARS = 4000   # of each answer kept in an eval's JSON (a level's 8 samples per task: ~2 MB)
+
+
 def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0):
     """pass@k (with a bootstrap interval for pass@1), fast_p and the geometric-mean speedup of the Coder on one level.
 
@@ -1865,12 +1868,13 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     out["geomean_speedup"] = geomean_speedup(correct, speedup)
     out["errors"] = dict(Counter(r.error_kind for r in results))
     out["harness_s"] = harness_seconds(results)
-    # per task every sample's verdict (so that `compare` can compute intervals from the file alone), and the first
-    # sample's answer and error (truncated): what the Coder actually writes
+    # per task every sample's verdict (so that `compare` can compute intervals from the file alone), its answer
+    # (truncated: what the Coder actually writes; bench.py builds harness batches from the failing ones) and the first
+    # sample's error
     out["tasks"] = {name: dict(n=samples, correct=c, sample_correct=[r.correct for r in rs],
                                sample_speedup=[r.speedup for r in rs], sample_kind=[r.error_kind for r in rs],
                                first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
-                               first_answer=batch["completions"][i * samples][:3000])
+                               answers=[a[:ANSWER_CHARS] for a in batch["completions"][i * samples:(i + 1) * samples]])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out
 

@@ -2892,7 +2892,8 @@ def test_trainer_eval_subcommand_writes_metrics_and_answers(tmp_path):
         saved = json.load(f)
     assert saved["config"]["samples"] == 2 and list(saved["tasks"]) == list(res["tasks"])
     assert [t["first_kind"] for t in saved["tasks"].values()] == ["format", "format"]
-    assert all(isinstance(t["first_answer"], str) and "python block" in t["first_error"] for t in saved["tasks"].values())
+    assert all(isinstance(t["answers"][0], str) and "python block" in t["first_error"] for t in saved["tasks"].values())
+    assert all(len(t["answers"]) == t["n"] for t in saved["tasks"].values())   # every sample's answer
 
 
 def _trainer_records(run_dir):
@@ -2922,7 +2923,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
             solved = json.load(f)
         assert solved["round"] == r and [t["first_kind"] for t in solved["level1"].values()] == ["format"]
         assert [t["correct"] for t in solved["level1"].values()] == [0]
-        assert all(isinstance(t["first_answer"], str) and t["first_error"] for t in solved["level1"].values())
+        assert all(isinstance(t["answers"][0], str) and t["first_error"] for t in solved["level1"].values())
     assert open(os.path.join(straight, "latest")).read() == "ckpt_00002"
     assert os.path.exists(os.path.join(straight, "coder", "config.json"))
     with pytest.raises(SystemExit, match="--resume"):  # never overwrite a run by accident

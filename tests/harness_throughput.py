@@ -232,7 +232,8 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
     import json
     import bench
     t = _t()
-    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples: [
+    tags = []
+    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples, failures: tags.append(tag) or [
         (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
     cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1,
                        round_timing="inputs_on_device=false;timing_budget_s=0.25,inputs_on_device=true,gpu_workers=2")
@@ -251,6 +252,34 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
     assert opts == {"gpu_workers": 16, "trials": 3, "timing_budget_s": 0.05, "share_reference": False, "x": "y"}
     assert type(opts["gpu_workers"]) is int and type(opts["trials"]) is int
     assert "verdicts = baseline" in capsys.readouterr().out
+    assert len(set(tags[1:])) == 3   # every run's candidates tagged anew: no Triton cache hit from the run before
+
+
+def test_harness_bench_round_takes_a_models_failing_answers(tmp_path):
+    """--round-answers: a task's synthetic wrong/failing candidates (samples 5-7) become a model's failing answers
+    from an eval JSON (every sample's answer, or the first one in older files), labelled by their recorded verdict,
+    each with a kernel tag of its own; an answer without a code block stays one (format: None); correct answers and
+    tasks without failures keep the golden and synthetic candidates."""
+    import json
+    import bench
+    t = _t()
+    bad = t.GOOD_RELU.replace("tl.maximum(x, 0.0)", "tl.maximum(x, 1.0)")
+    assert bad != t.GOOD_RELU
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"tasks": {
+        "001_Relu": {"answers": [f"```python\n{bad}```", "no code here", "```python\n" + t.GOOD_RELU + "```"],
+                     "sample_kind": ["mismatch", "format", "ok"]},
+        "002_Gelu": {"first_answer": "```python\nimport torch\nx = (\n```", "first_kind": "compile"}}}))
+    failures = bench.model_failures(str(path))
+    assert [k for _, k in failures["001_Relu"]] == ["mismatch", "format"] and len(failures["002_Gelu"]) == 1
+    pairs = bench.round_candidates("t", 3, 8, failures)
+    relu, gelu, silu = pairs[:8], pairs[8:16], pairs[16:]
+    assert [label for *_, label in relu] == ["ok"] * 5 + ["wrong", "fail", "wrong"]
+    assert relu[5][1].replace("    # kz-bench t-001_Relu-5\n", "").strip() == bad.strip() and relu[6][1] is None
+    assert relu[7][1].replace("    # kz-bench t-001_Relu-7\n", "").strip() == bad.strip()   # (cycled through)
+    assert [label for *_, label in gelu][5:] == ["fail"] * 3 and "x = (" in gelu[5][1]
+    assert [label for *_, label in silu] == ["ok"] * 5 + ["wrong", "fail", "fail"]   # no answers: synthetic
+    assert len({c for _, c, _ in relu[:5]}) == 5   # the golden ones, each tagged differently
 
 
 # ----------------------------------------------------------------------------------------------------------------------
