@@ -1908,12 +1908,18 @@ def _capture(model, pristine: list, stream) -> tuple:
     but is not in the graph: _graph_runners' replays on both input sets find it out.)"""
     static = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
     graph = torch.cuda.CUDAGraph()
-    with torch.no_grad():
-        with torch.cuda.stream(stream):   # a warm-up on the capture's stream first (cuBLAS workspaces, lazy
-            model(*static)                # inits), as torch's CUDA graph notes ask
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph, stream=stream):
+    stream.wait_stream(torch.cuda.current_stream())   # (the copies above first)
+    with torch.no_grad(), torch.cuda.stream(stream):
+        model(*static)   # a warm-up on the capture's stream first (cuBLAS workspaces, lazy inits), as torch's CUDA
+        stream.synchronize()   # graph notes ask; then the capture itself. (Not `with torch.cuda.graph(...)`: it
+        graph.capture_begin()   # also empties the allocator's and pinned-host caches: driver calls for nothing here)
+        try:
             out = model(*static)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                graph.capture_end()   # (the capture is invalid: the forward's own error is the reason)
+            raise
+        graph.capture_end()
     return graph, static, out
 
 
