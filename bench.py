@@ -113,7 +113,9 @@ class Config:
     timing_budget_s: float = 0.5     # (c) the harness's timing budget per candidate (its default is 2.0)
     gpu_workers: int = 8             # (c) candidates sharing the GPU for correctness checks (Evaluator's gpu_workers)
     stability_runs: int = 5          # (d) separate evaluate() runs of one >= 100 us candidate
-    round_tasks: int = 16            # (e) tasks of the round-shaped batch (golden Triton solutions' tasks)
+    round_tasks: int = 16            # (e) tasks of the round-shaped batch (golden solutions' tasks)
+    round_backend: str = "triton"    # (e) the candidates' language: triton or cuda (every CUDA candidate is a cold
+    #                                  build: its source carries the run's tag)
     round_samples: int = 8           # (e) candidates per task (5 correct, 1 wrong, 1 not compiling, 1 raising)
     round_answers: str = ""          # (e) eval JSONs (kernelzero.py eval, bench.py models), comma-separated: a
     #                                  model's failing answers to a task replace its synthetic wrong and failing
@@ -686,16 +688,35 @@ def model_failures(paths: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def _tag_kernel(src: str, tag: str) -> str:
-    """The tag as a comment inside the first @triton.jit function's body: Triton's cache key is the function's source
-    from `def`, so no run and no candidate is served another's compiled kernel."""
-    return re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf"\1    # kz-bench {tag}\n", src, count=1)
+    """The tag as a comment inside the first @triton.jit function's body (Triton's cache key is the function's source
+    from `def`) and before the first __global__ of a CUDA source (the build cache's key is the sources): no run and no
+    candidate is served another's compiled kernel."""
+    src = re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf"\1    # kz-bench {tag}\n", src, count=1)
+    return src.replace("__global__", f"// kz-bench {tag}\n__global__", 1)
 
 
-def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None = None) -> list[tuple[str, str, str]]:
-    """(ref_src, cand_src, label) for `tasks` x `samples` Triton candidates: per task, samples 0-4 are the golden
-    solution (correct; each with its own tag in the kernel source, so Triton's cache never serves one), 5 scales the
-    output after the real kernel (a mismatch), 6 is cut off mid-file (a syntax error: an answer that hit the token
-    limit), 7 launches a kernel with a null pointer (a runtime error). Labels: ok / wrong / fail. `failures`
+_ROUND_WRAP_ANY = '''
+
+_kz_forward = ModelNew.forward
+
+
+def _kz_{kind}(self, *args):
+    out = _kz_forward(self, *args)
+    {body}
+    return out
+
+
+ModelNew.forward = _kz_{kind}
+'''
+
+
+def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None = None,
+                     backend: str = "triton") -> list[tuple[str, str, str]]:
+    """(ref_src, cand_src, label) for `tasks` x `samples` candidates in `backend`: per task, samples 0-4 are the golden
+    solution (correct; each with its own tag in the kernel source, so no compile cache ever serves one), 5 changes
+    the output after the real kernel (Triton: a kernel scales it; CUDA: one element set: a mismatch), 6 is cut off
+    mid-file (a syntax error: an answer that hit the token limit), 7 fails at run time (Triton: a kernel launched
+    with a null pointer; CUDA: an exception after the kernel). Labels: ok / wrong / fail. `failures`
     (model_failures): samples 5-7 of a task that has any are a model's failing answers instead, labelled by their
     recorded verdict."""
     from eval_harness import extract_code
@@ -704,23 +725,28 @@ def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None =
     for level, name in ROUND_TASKS[:tasks]:
         with open(os.path.join(root, level, name + ".py")) as f:
             ref = f.read()
-        with open(os.path.join(root, "solutions", level, name + "_triton.py")) as f:
+        with open(os.path.join(root, "solutions", level, f"{name}_{backend}.py")) as f:
             gold = f.read()
-        real = (failures or {}).get(name, [])
+        real, used = (failures or {}).get(name, []), 0
         for i in range(samples):
             src = _tag_kernel(gold, f"{tag}-{name}-{i}")
             kind = ["ok"] * 5 + ["wrong", "fail", "raise"]
             k = kind[i % len(kind)]
             if k != "ok" and real:   # a model's answer, as the trainer hands it over (None: no code block)
-                answer, verdict = real[(i - 5) % len(real) if i >= 5 else i % len(real)]
+                answer, verdict = real[used % len(real)]
+                used += 1
                 code = extract_code(answer)
                 out.append((ref, code and _tag_kernel(code, f"{tag}-{name}-{i}"), coarse(verdict)))
                 continue
-            if k == "wrong":
+            if k == "wrong" and backend == "triton":
                 src += _ROUND_WRAP.format(kind="wrong", body="_kz_scale[(triton.cdiv(out.numel(), 1024),)](out, "
                                                             "out.numel(), BLOCK=1024)")
-            elif k == "raise":
+            elif k == "raise" and backend == "triton":
                 src += _ROUND_WRAP.format(kind="raise", body="_kz_scale[(1,)](None, 1, BLOCK=1024)")
+            elif k == "wrong":   # (an element set by indexing: glue, not a PyTorch fallback)
+                src += _ROUND_WRAP_ANY.format(kind="wrong", body="out[(0,) * out.dim()] = 0.5")
+            elif k == "raise":
+                src += _ROUND_WRAP_ANY.format(kind="raise", body="raise RuntimeError('kz-bench: fails at run time')")
             elif k == "fail":
                 src = src[: int(len(src) * 0.8)]
             out.append((ref, src, {"raise": "fail"}.get(k, k)))
@@ -765,7 +791,7 @@ def bench_round(cfg: Config, tag: str) -> None:
     compared with the first variant's as soon as it ends, and with the baseline's at the end."""
     import eval_harness
     failures = model_failures(cfg.round_answers)
-    pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples, failures)
+    pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples, failures, cfg.round_backend)
     runs = {variant or "new": (eval_harness, _round_opts(variant)) for variant in cfg.round_timing.split(";")}
     if cfg.round_baseline:
         runs["baseline"] = (_harness_module(cfg.round_baseline), {})
@@ -775,9 +801,11 @@ def bench_round(cfg: Config, tag: str) -> None:
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
     for run, (name, (module, opts)) in enumerate(runs.items()):
         # the same candidates, tagged anew per run: no run gets the Triton cache's kernels of the one before it
-        pairs = round_candidates(f"{tag}-round{run}", cfg.round_tasks, cfg.round_samples, failures)
+        pairs = round_candidates(f"{tag}-round{run}", cfg.round_tasks, cfg.round_samples, failures,
+                                 cfg.round_backend)
         t0 = time.perf_counter()
-        with module.Evaluator(backend="triton", progress=False, **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
+        with module.Evaluator(backend=cfg.round_backend, progress=False,
+                              **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
             t1 = time.perf_counter()   # (the Evaluator boots its workers from here on, in the background)
             results = ev.map([(r, c) for r, c, _ in pairs])
             map_s = time.perf_counter() - t1
@@ -811,8 +839,8 @@ def bench_round(cfg: Config, tag: str) -> None:
         row += [f"{c['same_verdicts']}/{len(pairs)}", c["speedup_ratio_median"] and round(c["speedup_ratio_median"], 3),
                 f"{c['within_5pct']}/{c['timed']}", round(c["wall_ratio"], 2)]
         summary[row[0]]["vs_baseline"] = c
-    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} Triton candidates, each run "
-          f"against the baseline", ["harness", "seconds", "coarse=label", "ok", "verdicts = baseline",
+    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} {cfg.round_backend} candidates, "
+          f"each run against the baseline", ["harness", "seconds", "coarse=label", "ok", "verdicts = baseline",
                                     "speedup / baseline (median)", "within 5%", "faster"], rows)
     record(cfg, "round", summary)
 

@@ -233,7 +233,7 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
     import bench
     t = _t()
     tags = []
-    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples, failures: tags.append(tag) or [
+    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples, failures, backend: tags.append(tag) or [
         (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
     cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1,
                        round_timing="inputs_on_device=false;timing_budget_s=0.25,inputs_on_device=true,gpu_workers=2")
@@ -280,6 +280,20 @@ def test_harness_bench_round_takes_a_models_failing_answers(tmp_path):
     assert [label for *_, label in gelu][5:] == ["fail"] * 3 and "x = (" in gelu[5][1]
     assert [label for *_, label in silu] == ["ok"] * 5 + ["wrong", "fail", "fail"]   # no answers: synthetic
     assert len({c for _, c, _ in relu[:5]}) == 5   # the golden ones, each tagged differently
+
+
+def test_harness_bench_round_cuda_candidates_are_labelled_right_on_the_cpu_checks():
+    """--round-backend cuda: golden CUDA solutions, each tagged before its first __global__ (a cold build each), a
+    wrong one (one element set: glue, not a fallback), a cut one and one raising after its kernel; the static check
+    sees only the cut one (the rest need a GPU to run)."""
+    import bench
+    pairs = bench.round_candidates("t", 2, 8, backend="cuda")
+    assert [label for *_, label in pairs] == (["ok"] * 5 + ["wrong", "fail", "fail"]) * 2
+    assert all("// kz-bench t-001_Relu-%d\n__global__" % i in pairs[i][1] for i in range(8) if i != 6)
+    assert len({c for _, c, _ in pairs}) == 16
+    early = [eh._precheck(c, "cuda") for _, c, _ in pairs]
+    assert [e is None for e in early] == ([True] * 6 + [False, True]) * 2, [e and e.error for e in early]
+    assert early[6].error_kind in ("compile", "format")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
