@@ -732,6 +732,8 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     trials = _stand_in_cuda_events(monkeypatch, log)
     torch, cpu = eh.torch, eh.torch.device("cpu")
     monkeypatch.setattr(eh.torch.cuda, "Stream", lambda *args, **kwargs: None)
+    free = [2**40]
+    monkeypatch.setattr(eh.torch.cuda, "mem_get_info", lambda *args: (free[0], 2**40))
 
     def capture(model, pristine, stream, recompute=True):
         static = [x.clone() for x in pristine]
@@ -766,6 +768,12 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "disagrees" in times["graph_fallback"]
     assert times["bad_output"] == [False] * eh.SPOT_CHECKS and times["ref_intact"]
+
+    free[0] = 1000   # the graphs' copies of two models' inputs and outputs (4 x 256 bytes) would not fit
+    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), **rule)
+    assert times["method"] == "eager" and "do not fit" in times["graph_fallback"]
+    free[0] = 2**40
 
     def refuse(model, pristine, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
