@@ -651,26 +651,14 @@ ROUND_TASKS = [("level1", n) for n in ("001_Relu", "002_Gelu", "003_Silu", "004_
                                        "012_LayerNorm", "013_RMSNorm", "014_SquareMatmul", "015_CumSum")] + \
     [("level2", n) for n in ("003_AddMulTanh", "005_SiluMulSum", "004_ResidualRMSNorm")]
 
-_ROUND_WRAP = '''
+_KZ_SCALE = '''
 
 @triton.jit
 def _kz_scale(p, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(p + offs, tl.load(p + offs, mask=mask) * 1.01 + 0.01, mask=mask)
-
-
-_kz_forward = ModelNew.forward
-
-
-def _kz_{kind}(self, *args):
-    out = _kz_forward(self, *args)
-    {body}
-    return out
-
-
-ModelNew.forward = _kz_{kind}
-'''
+'''   # (Triton candidates' wrong and failing variants launch it after the real forward)
 
 
 def model_failures(paths: str) -> dict[str, list[tuple[str, str]]]:
@@ -695,7 +683,8 @@ def _tag_kernel(src: str, tag: str) -> str:
     return src.replace("__global__", f"// kz-bench {tag}\n__global__", 1)
 
 
-_ROUND_WRAP_ANY = '''
+# a candidate's forward, then `body` on its output (its wrong and failing variants)
+_ROUND_WRAP = '''
 
 _kz_forward = ModelNew.forward
 
@@ -739,14 +728,14 @@ def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None =
                 out.append((ref, code and _tag_kernel(code, f"{tag}-{name}-{i}"), coarse(verdict)))
                 continue
             if k == "wrong" and backend == "triton":
-                src += _ROUND_WRAP.format(kind="wrong", body="_kz_scale[(triton.cdiv(out.numel(), 1024),)](out, "
-                                                            "out.numel(), BLOCK=1024)")
+                src += _KZ_SCALE + _ROUND_WRAP.format(kind="wrong", body="_kz_scale[(triton.cdiv(out.numel(), "
+                                                                        "1024),)](out, out.numel(), BLOCK=1024)")
             elif k == "raise" and backend == "triton":
-                src += _ROUND_WRAP.format(kind="raise", body="_kz_scale[(1,)](None, 1, BLOCK=1024)")
+                src += _KZ_SCALE + _ROUND_WRAP.format(kind="raise", body="_kz_scale[(1,)](None, 1, BLOCK=1024)")
             elif k == "wrong":   # (an element set by indexing: glue, not a PyTorch fallback)
-                src += _ROUND_WRAP_ANY.format(kind="wrong", body="out[(0,) * out.dim()] = 0.5")
+                src += _ROUND_WRAP.format(kind="wrong", body="out[(0,) * out.dim()] = 0.5")
             elif k == "raise":
-                src += _ROUND_WRAP_ANY.format(kind="raise", body="raise RuntimeError('kz-bench: fails at run time')")
+                src += _ROUND_WRAP.format(kind="raise", body="raise RuntimeError('kz-bench: fails at run time')")
             elif k == "fail":
                 src = src[: int(len(src) * 0.8)]
             out.append((ref, src, {"raise": "fail"}.get(k, k)))
