@@ -27,7 +27,8 @@ What the process isolation protects, and what it does not
    8 degenerate tasks: the task linter
    9 analytic shortcuts: a heavy-tailed extra trial
   10 precision downgrade: TF32 flags checked, per-dtype tolerance
-  11 PyTorch fallback or decoy kernel: launch counts (Triton), profiler coverage (CUDA), static check
+  11 PyTorch fallback or decoy kernel: launch counts (Triton), profiler coverage (CUDA), static check; the forward
+     captured for graph timing is recorded like a trial call (a candidate cannot switch to PyTorch while timed)
   12 shared namespace: reference and candidate are separate modules, inputs made first
   13 nondeterminism and races: run twice, compare
   14 integer targets cast to float: only floating tensors are cast
@@ -1122,6 +1123,22 @@ class _Instrumentation:
             torch._C._set_deterministic_algorithms(saved[0], warn_only=saved[1])
             det.fill_uninitialized_memory = saved[2]
 
+    def recorded_when_captured(self, model):
+        """`model` as the timing calls it: while its forward is being captured as a CUDA graph (the only time its
+        Python runs during graph timing) its launches and aten ops are recorded as in the trials, so a candidate
+        that acts differently while captured (a PyTorch fallback, another kernel) is seen; eager reps and replays
+        run unrecorded (the recorder's Python would sit inside the timed window)."""
+        def forward(*args):
+            if not torch.cuda.is_current_stream_capturing():
+                return model(*args)
+            self.recording = True
+            try:
+                with self.recorder:
+                    return model(*args)
+            finally:
+                self.recording = False
+        return forward
+
     def verify(self) -> tuple[str, str] | None:
         """(check, message) if the candidate patched the harness's references, flags or started threads."""
         # Only what existed at the snapshot: a module imported since is not a patch (torch's profiler imports
@@ -1580,8 +1597,10 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     if device.type == "cuda" and opts["timing"]:
         instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
         clock = time.monotonic()
+        launches, ops = collections.Counter(instr.launches), collections.Counter(instr.ops)
+        timed = instr.recorded_when_captured(cand_model)
         try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
-            models = {"cand": cand_model} if ref_ms else {"ref": ref_model, "cand": cand_model}
+            models = {"cand": timed} if ref_ms else {"ref": ref_model, "cand": timed}
             times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(atol, rtol),
                                  exclusive=lambda: _gpu_turn(conn, "exclusive"), **_timing_rule(opts))
         except Exception as e:
@@ -1593,6 +1612,13 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             return failed("reward_hack", hit[1], hit[0])
         if not times["ref_intact"] or not _outputs_intact(trials):
             return failed("reward_hack", _REWRITTEN, "reference_outputs")
+        if instr.ops - ops:   # (Counter subtraction: the ops recorded while the forward was captured)
+            found = ", ".join(f"{k} x{v}" for k, v in (instr.ops - ops).most_common(8))
+            return failed("reward_hack", f"the forward captured for timing computes with PyTorch ops: {found}",
+                          "pytorch_fallback")
+        if times["method"] == "graph" and job["backend"] == "triton" and not instr.launches - launches:
+            return failed("reward_hack", "no @triton.jit kernel of the candidate ran in the forward captured for "
+                          "timing", "kernel_not_launched")
         if any(times["bad_output"]):
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")

@@ -444,6 +444,19 @@ for o in _objects():
         o["out"].copy_(y)
 return y
 ''', extra=TAMPER_REFERENCE)
+    # A candidate that computes with PyTorch only while its forward is captured for timing (torch's ReLU is faster
+    # than this kernel): the capture is recorded like a trial call
+    fallback_when_captured = t._harness_relu('''
+if torch.cuda.is_current_stream_capturing():
+    relu_kernel[(1,)](x, torch.empty_like(x), 1, BLOCK=1024)
+    return torch.relu(x)
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return y
+''')
+    assert eh._precheck(fallback_when_captured, "triton") is None
+    r = eh.evaluate(t.GPU_RELU_TASK, fallback_when_captured, backend="triton", timing_budget_s=0.25)
+    assert (r.error_kind, r.details.get("check")) == ("reward_hack", "pytorch_fallback"), (r.error_kind, r.error)
     assert eh._precheck(trial_tamper, "triton") is None
     r = eh.evaluate(t.GPU_RELU_TASK, trial_tamper, backend="triton", timing_budget_s=0.25)
     assert (r.error_kind, r.details.get("check")) == ("reward_hack", "reference_outputs"), (r.error_kind, r.error)
@@ -782,6 +795,25 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "not permitted" in times["graph_fallback"]
     assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * eh.SPOT_CHECKS
+
+
+def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
+    """Graph timing runs a candidate's Python once, while its forward is captured: that call is recorded (aten ops,
+    own Triton launches) as the trials' calls are, so a candidate that computes with PyTorch while captured is seen;
+    any other call (eager timing reps) runs unrecorded, with nothing added inside the timed window."""
+    torch = eh.torch
+    capturing = [False]   # (torch.cuda's own answer needs a CUDA build)
+    monkeypatch.setattr(eh.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    instr = eh._Instrumentation("triton", "cpu", "kz_candidate")
+    timed = instr.recorded_when_captured(lambda x: torch.relu(x) * 2)
+    x = torch.randn(8)
+    assert torch.equal(timed(x), torch.relu(x) * 2) and not instr.ops   # not capturing: unrecorded
+    capturing[0] = True
+    assert torch.equal(timed(x), torch.relu(x) * 2)
+    assert instr.ops == {"relu": 1, "mul": 1} and not instr.recording
+    glue = instr.recorded_when_captured(lambda x: torch.empty_like(x).copy_(x).view(2, 4))
+    glue(x)
+    assert instr.ops == {"relu": 1, "mul": 1}   # allocation, copies and views are glue
 
 
 def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeypatch):
