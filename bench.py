@@ -808,7 +808,8 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
                          "trials_on": collections.Counter(r.details.get("trials_on") for r in results),
                          "timing_method": collections.Counter(r.details.get("timing_method") for r in results),
-                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb()}
+                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(),
+                         "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results)}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
         first = next(iter(runs))
         if name != first:

@@ -677,8 +677,9 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
     on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
     counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, _sealed_file)
     follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds details["phase_s"] (seconds per phase, waits
-    excluded), details["gpu_wait_s"], and details["mem_wait_s"] when the job waited for memory."""
-    phase, held, held_fd, waited, mem_waited, granted = "startup", None, None, 0.0, 0.0, None
+    excluded), details["gpu_wait_s"], details["gpu_turns"] (requests for the GPU turn), and details["mem_wait_s"]
+    when the job waited for memory."""
+    phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
     pack_fd, known = job.get("pack_fd"), job.get("mem")
@@ -696,7 +697,7 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
     def finish(reply: dict) -> dict:
         phase_s[phase] += time.monotonic() - clock
         reply.setdefault("details", {}).update(phase_s={k: round(v, 3) for k, v in phase_s.items()},
-                                               gpu_wait_s=round(waited, 3))
+                                               gpu_wait_s=round(waited, 3), gpu_turns=turns)
         if mem_waited > 0.01:
             reply["details"]["mem_wait_s"] = round(mem_waited, 3)
         if worker.output_bytes > _Worker.TAIL_BYTES:
@@ -741,8 +742,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
                     if held:
                         gate.release(held, held_fd)
                     held_fd = gate.acquire(message[1]) if message[1] != "none" else None
-                if message[0] == "gpu":
-                    held = message[1] if message[1] != "none" else None
+                if message[0] == "gpu":   # (each request is a round trip through this thread: counted)
+                    held, turns = (message[1] if message[1] != "none" else None), turns + 1
                 wait = time.monotonic() - start
                 if message[0] == "mem":
                     mem_waited += wait

@@ -887,6 +887,9 @@ def test_harness_phase_times_and_gpu_turns_in_details():
     phases = result.details["phase_s"]
     assert {"startup", "reference", "compile", "run"} <= set(phases) and all(v >= 0 for v in phases.values())
     assert result.details["gpu_wait_s"] < 1.0   # no gate on the CPU: no waiting
+    # one turn for the reference, one more per later reference output and per later trial (each a round trip)
+    trials = result.details["trials"]
+    assert result.details["gpu_turns"] >= 1 + 2 * (trials - 1), result.details
     hung = eh.evaluate(RELU_TASK, _harness_relu("while True:\n    pass"), backend="triton", device="cpu",
                        run_timeout=3)
     assert hung.error_kind == "timeout" and 2.5 < hung.details["phase_s"]["run"] < 30, hung
