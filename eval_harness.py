@@ -28,7 +28,7 @@ What the process isolation protects, and what it does not
    9 analytic shortcuts: a heavy-tailed extra trial
   10 precision downgrade: TF32 flags checked, per-dtype tolerance
   11 PyTorch fallback or decoy kernel: launch counts (Triton), profiler coverage (CUDA), static check; the forward
-     captured for graph timing is recorded like a trial call (a candidate cannot switch to PyTorch while timed)
+     captured for graph timing has its aten ops recorded (a candidate cannot switch to PyTorch while timed)
   12 shared namespace: reference and candidate are separate modules, inputs made first
   13 nondeterminism and races: run twice, compare
   14 integer targets cast to float: only floating tensors are cast
@@ -1126,9 +1126,9 @@ class _Instrumentation:
 
     def recorded_when_captured(self, model):
         """`model` as the timing calls it: while its forward is being captured as a CUDA graph (the only time its
-        Python runs during graph timing) its launches and aten ops are recorded as in the trials, so a candidate
-        that acts differently while captured (a PyTorch fallback, another kernel) is seen; eager reps and replays
-        run unrecorded (the recorder's Python would sit inside the timed window)."""
+        Python runs during graph timing) its aten ops are recorded as in the trials, so a candidate that computes
+        with PyTorch only while captured is seen; eager reps and replays run unrecorded (the recorder's Python would
+        sit inside the timed window)."""
         def forward(*args):
             if not torch.cuda.is_current_stream_capturing():
                 return model(*args)
@@ -1598,7 +1598,9 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     if device.type == "cuda" and opts["timing"]:
         instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
         clock = time.monotonic()
-        launches, ops = collections.Counter(instr.launches), collections.Counter(instr.ops)
+        ops = collections.Counter(instr.ops)   # (launches are not re-checked: a legitimate candidate may launch
+        # its compiled kernel directly after the first call, past the counter; compute without own kernels or
+        # PyTorch ops is impossible anyway)
         timed = instr.recorded_when_captured(cand_model)
         try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
             models = {"cand": timed} if ref_ms else {"ref": ref_model, "cand": timed}
@@ -1617,9 +1619,6 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             found = ", ".join(f"{k} x{v}" for k, v in (instr.ops - ops).most_common(8))
             return failed("reward_hack", f"the forward captured for timing computes with PyTorch ops: {found}",
                           "pytorch_fallback")
-        if times["method"] == "graph" and job["backend"] == "triton" and not instr.launches - launches:
-            return failed("reward_hack", "no @triton.jit kernel of the candidate ran in the forward captured for "
-                          "timing", "kernel_not_launched")
         if any(times["bad_output"]):
             return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                           "timing_output")

@@ -798,9 +798,9 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
 
 
 def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
-    """Graph timing runs a candidate's Python once, while its forward is captured: that call is recorded (aten ops,
-    own Triton launches) as the trials' calls are, so a candidate that computes with PyTorch while captured is seen;
-    any other call (eager timing reps) runs unrecorded, with nothing added inside the timed window."""
+    """Graph timing runs a candidate's Python once, while its forward is captured: that call's aten ops are recorded
+    as the trials' calls are, so a candidate that computes with PyTorch while captured is seen; any other call (eager
+    timing reps) runs unrecorded, with nothing added inside the timed window."""
     torch = eh.torch
     capturing = [False]   # (torch.cuda's own answer needs a CUDA build)
     monkeypatch.setattr(eh.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
