@@ -456,8 +456,9 @@ class _Worker:
         out_read, out_write = os.pipe()
         try:
             self.pid = zygote.ask("fork", self.dir, fds=(child.fileno(), out_write))
-        except BaseException:
+        except BaseException:   # (e.g. the zygote died: nothing of this worker may stay behind)
             os.close(out_read)
+            shutil.rmtree(self.dir, ignore_errors=True)
             raise
         finally:
             child.close()
