@@ -1247,8 +1247,9 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def _detach_cpu(out, where="cpu"):
-    """A copy of a reference output (a tensor or a tuple/list of tensors), detached, on the host (or on `where`)."""
+def _copy_out(out, where="cpu"):
+    """A detached copy of a model's output (a tensor or a tuple/list of tensors) on `where`: the host (page-locked,
+    _host_copy) or a device."""
     copy = _host_copy if str(where) == "cpu" else (lambda t: t.detach().to(where, copy=True))
     if isinstance(out, torch.Tensor):
         return copy(out)
@@ -1375,7 +1376,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
         args = _to_device(inputs, device)
         with torch.no_grad():
             produced = ref_model(*args)
-        out = _detach_cpu(produced, store)
+        out = _copy_out(produced, store)
         finite = not heavy or all(bool(torch.isfinite(o).all()) for o in _tensors(produced) if o.is_floating_point())
         mutates |= not all(_same(a, x) for a, x in zip(args, inputs))   # (checked where made: no host-side scan)
         del args, produced
@@ -1560,7 +1561,7 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             if t == 0 or t == len(trials) - 2:   # run twice on fresh copies: must agree with itself (races)
                 with instr.candidate_call():
                     again = cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
-                kind, _, message, _ = _compare(again, _detach_cpu(out, device), device, atol, rtol)
+                kind, _, message, _ = _compare(again, _copy_out(out, device), device, atol, rtol)
                 if kind:
                     return failed("mismatch", "two runs on the same inputs disagree: " + message, "nondeterministic")
                 del again
@@ -1599,9 +1600,9 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
     if device.type == "cuda" and opts["timing"]:
         instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
         clock = time.monotonic()
-        ops = collections.Counter(instr.ops)   # (launches are not re-checked: a legitimate candidate may launch
-        # its compiled kernel directly after the first call, past the counter; compute without own kernels or
-        # PyTorch ops is impossible anyway)
+        # the aten ops recorded so far: the forward captured for timing must add none. (Its launches are not
+        # re-checked: a legitimate candidate may launch its compiled kernel past the counter after the first call.)
+        ops = collections.Counter(instr.ops)
         timed = instr.recorded_when_captured(cand_model)
         try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
             models = {"cand": timed} if ref_ms else {"ref": ref_model, "cand": timed}
@@ -1616,8 +1617,9 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
             return failed("reward_hack", hit[1], hit[0])
         if not times["ref_intact"] or not _outputs_intact(trials):
             return failed("reward_hack", _REWRITTEN, "reference_outputs")
-        if instr.ops - ops:   # (Counter subtraction: the ops recorded while the forward was captured)
-            found = ", ".join(f"{k} x{v}" for k, v in (instr.ops - ops).most_common(8))
+        captured_ops = instr.ops - ops   # (Counter subtraction)
+        if captured_ops:
+            found = ", ".join(f"{k} x{v}" for k, v in captured_ops.most_common(8))
             return failed("reward_hack", f"the forward captured for timing computes with PyTorch ops: {found}",
                           "pytorch_fallback")
         if any(times["bad_output"]):
@@ -1920,13 +1922,6 @@ def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> di
             "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
 
 
-def _out_to(out, device):
-    """A reference output (a tensor or a tuple/list of them) copied to `device`."""
-    if isinstance(out, torch.Tensor):
-        return out.to(device, copy=True)
-    return type(out)(t.to(device, copy=True) for t in out)
-
-
 def _capture(model, pristine: list, stream) -> tuple:
     """(graph, static_args, static_out): one forward of `model` captured as a CUDA graph, on copies of `pristine`.
     A replay reruns the captured kernels on whatever static_args hold then, with no Python in between. Raises where
@@ -1991,22 +1986,22 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
                  headroom_us: float = 0, graphs: bool = False, exclusive=None) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
-    Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's outputs are compared with
-    the reference on a few unpredictable reps. `graphs`: each model's forward captured once as a CUDA graph and
-    replayed per rep (_graph_runners; else, or where that fails, every model is called eagerly, with a device-wide
-    synchronize before the end event). `adaptive`: reps (at least min_reps) until every model's median has a 95%
-    confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall time; else the fixed rule
-    (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush (DEFAULTS["timing_headroom_us"]).
+    Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
+    outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
+    once as a CUDA graph and replayed per rep (_graph_runners; else, or where that fails, every model is called
+    eagerly, with a device-wide synchronize before the end event). `adaptive`: reps (at least min_reps) until every
+    model's median has a 95% confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall
+    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush (DEFAULTS["timing_headroom_us"]).
     `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
     warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
-    # alternate values between reps. The reference outputs go to the GPU once (a spot check would copy a 256 MB
-    # output from the host each time, inside the exclusive turn); the candidate could overwrite these copies, so
-    # times["ref_intact"] says whether they still equal the host's afterwards
-    # (A trial kept on the GPU is used as it is: the models only ever get copies of its inputs, and its fingerprinted
-    # outputs are the caller's to check; a 6.4 GB task would otherwise hold two more copies of each)
-    sets = [([x if not isinstance(x, torch.Tensor) or x.device.type == device.type else x.to(device)
-              for x in tr["inputs"]], tr["out"] if "fp" in tr else _out_to(tr["out"], device)) for tr in trials[:2]]
+    # alternate values between reps. A trial kept on the GPU is used as it is (the models only ever get copies of its
+    # inputs, and its fingerprinted outputs are the caller's to check: a 6.4 GB task holds no second copy); a
+    # host-kept one goes to the GPU once (a spot check would copy a 256 MB output each time, inside the exclusive
+    # turn), and the candidate could overwrite those copies: times["ref_intact"] says whether they still equal the
+    # host's
+    sets = [([x.to(device) if isinstance(x, torch.Tensor) else x for x in tr["inputs"]],
+             tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
     runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep_cycles = 0
@@ -2018,8 +2013,9 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         end.synchronize()
         sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
     times = {name: [] for name in models}
-    times.update(bad_output=[], host=[], method="graph" if runners else "eager")   # host: wall time of the
-    if why_not:                                                                      # checked model's reps
+    # host: the wall time of the checked model's reps (a cross-check of the events)
+    times.update(bad_output=[], host=[], method="graph" if runners else "eager")
+    if why_not:
         times["graph_fallback"] = why_not
 
     def once(name, rep, check=False):
@@ -2037,12 +2033,11 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         start.record()
         if runners:
             graph.replay()   # one launch; a graph finishes on its stream, side branches included
-            end.record()
         else:
             with torch.no_grad():
                 out = models[name](*args)
             torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
-            end.record()
+        end.record()
         end.synchronize()
         if check:
             times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
@@ -2138,7 +2133,7 @@ def _job_lint(job: dict, conn: Connection) -> dict:
             args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
             start = time.perf_counter()
             with torch.no_grad():
-                outs.append(_detach_cpu(model(*args)))
+                outs.append(_copy_out(model(*args)))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)

@@ -716,8 +716,8 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
             obj.fill_(0.0)
         return torch.relu(x)
     gpu_copies = []
-    original = eh._out_to
-    monkeypatch.setattr(eh, "_out_to", lambda out, device: gpu_copies.append(original(out, device)) or gpu_copies[-1])
+    original = eh._copy_out
+    monkeypatch.setattr(eh, "_copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
     times = eh._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4))
     assert not times["ref_intact"] and any(times["bad_output"])
