@@ -78,6 +78,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import glob
 import importlib.util
 import json
 import math
@@ -120,12 +121,14 @@ class Config:
     round_answers: str = ""          # (e) eval JSONs (kernelzero.py eval, bench.py models), comma-separated: a
     #                                  model's failing answers to a task replace its synthetic wrong and failing
     #                                  candidates (a real mix of errors), where the files have some
-    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on the
-    #                                  same batch in the same call ("" : the current harness with share_reference
-    #                                  off and the fixed timing budget stands in for it)
+    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on
+    #                                  the same batch in the same call; "" : the current harness with share_reference
+    #                                  off and the fixed timing budget stands in for it; "none": no baseline run
     round_timing: str = ""           # (e) options of the new harness, "key=value,..."; several variants, each run
     #                                  on the same batch and compared with the first and the baseline, separated by
     #                                  ";" (e.g. "inputs_on_device=false;timing_budget_s=0.25;timing_adaptive=true")
+    round_profile: str = ""          # (e) a directory: every worker job of each run under cProfile
+    #                                  (KZ_WORKER_PROFILE), merged and printed per run: where a verdict's time goes
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
     # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
@@ -774,6 +777,20 @@ def _round_agreement(a: dict, b: dict) -> dict:
             "within_5pct": sum(abs(r - 1) <= 0.05 for r in ratios), "wall_ratio": a["wall_s"] / b["wall_s"]}
 
 
+def print_profile(directory: str, name: str, top: int = 30) -> None:
+    """The workers' cProfile files of one run merged: the functions with the most own time, then the harness's own
+    functions (and imports) by the time below them (waits for the GPU turn: _gpu_turn, _pass_turn)."""
+    import pstats
+    files = sorted(glob.glob(os.path.join(directory, "*.prof")))
+    if not files:
+        print(f"{name}: no worker profiles in {directory}")
+        return
+    stats = pstats.Stats(*files, stream=sys.stdout)
+    print(f"\n{name}: {len(files)} worker jobs profiled ({directory})")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(r"eval_harness\.py|_bootstrap>.*_find_and_load\b", top)
+
+
 def bench_round(cfg: Config, tag: str) -> None:
     """The round-shaped batch through each --round-timing variant of the current harness (first, so that their
     numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
@@ -782,7 +799,9 @@ def bench_round(cfg: Config, tag: str) -> None:
     failures = model_failures(cfg.round_answers)
     pairs = round_candidates(f"{tag}-round", cfg.round_tasks, cfg.round_samples, failures, cfg.round_backend)
     runs = {variant or "new": (eval_harness, _round_opts(variant)) for variant in cfg.round_timing.split(";")}
-    if cfg.round_baseline:
+    if cfg.round_baseline == "none":   # (the variants alone, e.g. to profile them)
+        pass
+    elif cfg.round_baseline:
         runs["baseline"] = (_harness_module(cfg.round_baseline), {})
     else:
         runs["baseline"] = (eval_harness, {"share_reference": False, "inputs_on_device": False,   # (host inputs:
@@ -792,6 +811,9 @@ def bench_round(cfg: Config, tag: str) -> None:
         # the same candidates, tagged anew per run: no run gets the Triton cache's kernels of the one before it
         pairs = round_candidates(f"{tag}-round{run}", cfg.round_tasks, cfg.round_samples, failures,
                                  cfg.round_backend)
+        if cfg.round_profile:   # (workers inherit the environment the Evaluator starts with)
+            os.environ["KZ_WORKER_PROFILE"] = os.path.join(cfg.round_profile, f"run{run}")
+            os.makedirs(os.environ["KZ_WORKER_PROFILE"], exist_ok=True)
         t0 = time.perf_counter()
         with module.Evaluator(backend=cfg.round_backend, progress=False,
                               **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
@@ -820,10 +842,18 @@ def bench_round(cfg: Config, tag: str) -> None:
               + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
               + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])
+        if cfg.round_profile:
+            os.environ.pop("KZ_WORKER_PROFILE")
+            print_profile(os.path.join(cfg.round_profile, f"run{run}"), name)
         for i, ((_, _, label), r) in enumerate(zip(pairs, results)):
             if coarse(r.error_kind) != label:
                 print(f"{name} #{i} ({ROUND_TASKS[i // cfg.round_samples][1]}): labelled {label}, "
                       f"harness says {r.error_kind}: {r.error[:200]!r}")
+    if "baseline" not in summary:
+        table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} {cfg.round_backend} "
+              f"candidates", ["harness", "seconds", "coarse=label", "ok"], rows)
+        record(cfg, "round", summary)
+        return
     for row in rows:   # every run against the baseline: verdicts equal, speedup ratio (run / baseline), wall ratio
         c = _round_agreement(summary["baseline"], summary[row[0]])
         row += [f"{c['same_verdicts']}/{len(pairs)}", c["speedup_ratio_median"] and round(c["speedup_ratio_median"], 3),

@@ -889,14 +889,28 @@ def _worker_main(fd: int) -> None:
         import triton  # noqa: F401  (imported while idle, so it is not counted as the candidate's compile time)
     if device == "cuda" and role == "run":   # one-time costs paid while idle, not while holding the GPU turn
         _warm_up_gpu_worker(os.environ["KZ_BACKEND"])
+    # the snapshot's load_inline (and setuptools below it: ~0.06 s, half a CPU job's harness time) imported while
+    # idle too; not in the zygote, where importing it asks the CUDA driver for its devices
+    import torch.utils.cpp_extension  # noqa: F401
     threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
     conn.send(("ready", os.getpid()))
     job = conn.recv()
+    # KZ_WORKER_PROFILE=DIR: each job's own time under cProfile, one file per worker (bench.py harness
+    # --round-profile merges them): where a verdict's seconds go, by function, waits for the GPU turn included
+    profile_dir = os.environ.get("KZ_WORKER_PROFILE")
+    if profile_dir:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     try:
         result = {"compile": _job_compile, "evaluate": _job_evaluate, "reference": _job_reference,
                   "lint": _job_lint}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
         result = {"error_kind": _classify(e), "error": _format_exception(e)}
+    if profile_dir:
+        profiler.disable()
+        with contextlib.suppress(OSError):
+            profiler.dump_stats(os.path.join(profile_dir, f"{job['kind']}-{os.getpid()}.prof"))
     conn.send(("result", result))
     conn.close()
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway

@@ -255,6 +255,25 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
     assert len(set(tags[1:])) == 3   # every run's candidates tagged anew: no Triton cache hit from the run before
 
 
+def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys):
+    """--round-profile: every worker job of a run writes its cProfile file (KZ_WORKER_PROFILE), and the run's merged
+    profile is printed with the harness's own stages in it; the variable is gone after the run."""
+    import bench
+    t = _t()
+    monkeypatch.delenv("KZ_WORKER_PROFILE", raising=False)
+    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples, failures, backend: [
+        (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
+    cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1, round_timing="",
+                       round_profile=str(tmp_path / "prof"), round_baseline="none")
+    bench.bench_round(cfg, "test")
+    files = os.listdir(tmp_path / "prof" / "run0")   # (one run: no baseline)
+    assert sum(f.startswith("evaluate-") and f.endswith(".prof") for f in files) == 2, files
+    assert not os.path.exists(tmp_path / "prof" / "run1")
+    out = capsys.readouterr().out
+    assert "2 worker jobs profiled" in out and "_job_evaluate" in out and "_make_trials" in out
+    assert "KZ_WORKER_PROFILE" not in os.environ
+
+
 def test_harness_bench_round_takes_a_models_failing_answers(tmp_path):
     """--round-answers: a task's synthetic wrong/failing candidates (samples 5-7) become a model's failing answers
     from an eval JSON (every sample's answer, or the first one in older files), labelled by their recorded verdict,
