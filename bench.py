@@ -785,8 +785,10 @@ def print_profile(directory: str, name: str, top: int = 30) -> None:
     if not files:
         print(f"{name}: no worker profiles in {directory}")
         return
-    stats = pstats.Stats(*files, stream=sys.stdout)
-    print(f"\n{name}: {len(files)} worker jobs profiled ({directory})")
+    merged = os.path.join(directory, "merged.pstats")   # (kept: pstats.Stats(merged).print_callers(...) later)
+    pstats.Stats(*files).dump_stats(merged)
+    stats = pstats.Stats(merged, stream=sys.stdout)   # (one file name in the headers, not one per job)
+    print(f"\n{name}: {len(files)} worker jobs profiled, merged into {merged}")
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(r"eval_harness\.py|_bootstrap>.*_find_and_load\b", top)
 

@@ -271,6 +271,7 @@ def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys)
     assert not os.path.exists(tmp_path / "prof" / "run1")
     out = capsys.readouterr().out
     assert "2 worker jobs profiled" in out and "_job_evaluate" in out and "_make_trials" in out
+    assert "merged.pstats" in out and out.count("evaluate-") == 0   # (the merged file's name, not each job's)
     assert "KZ_WORKER_PROFILE" not in os.environ
 
 
@@ -835,6 +836,10 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
     assert instr.ops == {"relu": 1, "mul": 1}   # allocation, copies and views are glue
 
 
+def _fingerprint(out, key):
+    return eh._host_ints(eh._fingerprint_sums(out, key))
+
+
 def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeypatch):
     """The keyed fingerprint that guards reference outputs kept on the GPU (computed here on the CPU, same code):
     equal for equal bytes, different after one changed word or bit, under another key, or for a tuple with one
@@ -843,28 +848,61 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     torch = eh.torch
     x = torch.randn(1000, 7)
     key = 123456789123
-    fp = eh._fingerprint(x, key)
-    assert fp == eh._fingerprint(x.clone(), key) and len(fp) == 1
+    fp = _fingerprint(x, key)
+    assert fp == _fingerprint(x.clone(), key) and len(fp) == 1
     y = x.clone()
     y[500, 3] = -y[500, 3]   # one sign bit
-    assert eh._fingerprint(y, key) != fp
+    assert _fingerprint(y, key) != fp
     y = x.clone()
     y.view(-1)[[10, 11]] = y.view(-1)[[11, 10]]   # two words swapped: the weights are positional
-    assert eh._fingerprint(y, key) != fp
-    assert eh._fingerprint(x, key + 1) != fp
+    assert _fingerprint(y, key) != fp
+    assert _fingerprint(x, key + 1) != fp
     monkeypatch.setattr(eh, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
-    assert eh._fingerprint(x, key) == fp
+    assert _fingerprint(x, key) == fp
     for t in (torch.arange(7, dtype=torch.uint8), torch.ones(3, dtype=torch.bool), torch.randn(5).half(),
               torch.randn(4, 4).t()):   # 7 and 3 bytes: byte words; a transposed (non-contiguous) view
-        assert eh._fingerprint(t, key) == eh._fingerprint(t.clone(), key)
+        assert _fingerprint(t, key) == _fingerprint(t.clone(), key)
     pair = (x, torch.arange(10))
-    assert eh._fingerprint(pair, key) == [fp[0], eh._fingerprint(pair[1], key)[0]]
+    assert _fingerprint(pair, key) == [fp[0], _fingerprint(pair[1], key)[0]]
     trials = [{"inputs": [], "out": x.clone(), "heavy": False, "fp": (key, fp)},
               {"inputs": [], "out": torch.zeros(3), "heavy": False}]   # (kept on the host: no fingerprint)
     assert eh._outputs_intact(trials)
     trials[0]["out"][0, 0] += 1
     trials[1]["out"][0] = 5
     assert not eh._outputs_intact(trials)
+    # several fingerprinted trials are read in one go: a change in any one of them shows
+    z = torch.randn(5)
+    trials = [{"out": x.clone(), "fp": (key, fp)}, {"out": (z.clone(), x.clone()), "fp": (key + 1, _fingerprint((z, x), key + 1))}]
+    assert eh._outputs_intact(trials)
+    trials[1]["out"][1][999, 6] += 1
+    assert not eh._outputs_intact(trials)
+    assert eh._outputs_intact([]) and eh._host_ints([]) == []
+
+
+def test_harness_compare_verdicts_messages_and_error_stats():
+    """_compare reads its four numbers at once; its verdicts, messages and error statistics: NaN where the
+    reference has none comes first, then the count of values outside the tolerance; empty and integer outputs; the
+    largest absolute and relative errors over the outputs of a tuple."""
+    torch = eh.torch
+    cpu = torch.device("cpu")
+    r = torch.tensor([1.0, -2.0, 4.0, float("nan")])
+    assert eh._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0})
+    o = r.clone()
+    o[0] += 0.5
+    o[2] = float("nan")
+    kind, _, message, _ = eh._compare(o, r, cpu, 1e-4, 1e-4)
+    assert kind == "mismatch" and "NaN where the reference is not" in message
+    o[2] = 4.0 + 1e-5   # within tolerance: only output 0 is outside
+    kind, check, message, stats = eh._compare(o, r, cpu, 1e-4, 1e-4)
+    assert (kind, check) == ("mismatch", None) and message.startswith("output 0: 1 of 4 values outside atol=0.0001")
+    assert abs(stats["max_abs_err"] - 0.5) < 1e-6 and abs(stats["max_rel_err"] - 0.5) < 1e-6
+    pair_ref = (torch.zeros(0), torch.tensor([2.0, 4.0]))
+    kind, _, _, stats = eh._compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
+    assert kind is None and 0 < stats["max_abs_err"] < 2e-5
+    kind, _, message, _ = eh._compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
+    assert kind == "mismatch" and "1 of 3 values differ" in message
+    h = torch.tensor([1.0, 2.0]).half()
+    assert eh._compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
 
 
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
