@@ -919,7 +919,7 @@ def _worker_main(fd: int) -> None:
 def _warm_up_gpu_worker(backend: str) -> None:
     """First uses that cost seconds in a fresh process (H200, 2026-12-03): the CUDA context (~0.4 s), for CUDA
     candidates the profiler behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up
-    (1.3 s for the first kernel, 0.07 s for the next). Workers boot while others hold the GPU, so none of this launches a kernel: an
+    (1.3 s for the first kernel, 0.07 s for the next) and its first device query. Workers boot while others hold the GPU, so none of this launches a kernel: an
     empty profile, and a Triton kernel compiled (warmup) but never run."""
     torch.zeros(1, device="cuda")   # context creation (and one tiny fill)
     if backend == "cuda":   # (Triton candidates are seen through their launches: no profiler, _kernel_coverage)
@@ -937,6 +937,10 @@ def _warm_up_gpu_worker(backend: str) -> None:
 
         with contextlib.suppress(Exception):   # a warm-up only: a failure here costs time later, nothing else
             _kz_warm_up.warmup(torch.float32, 16, BLOCK=16, grid=(1,))
+            # a kernel's first launch asks the driver for the device's shared memory (cached per process): 0.12 s
+            # in each worker's job on the H200 (a worker profile, 2026-12-04); a device query, no kernel runs
+            from triton.compiler.compiler import max_shared_mem
+            max_shared_mem(torch.cuda.current_device())
 
 
 def _gpu_turn(conn: Connection, mode: str) -> None:
