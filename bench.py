@@ -778,8 +778,9 @@ def _round_agreement(a: dict, b: dict) -> dict:
 
 
 def print_profile(directory: str, name: str, top: int = 30) -> None:
-    """The workers' cProfile files of one run merged: the functions with the most own time, then the harness's own
-    functions (and imports) by the time below them (waits for the GPU turn: _gpu_turn, _pass_turn)."""
+    """The workers' cProfile files of one run merged: the functions with the most own time and their callers, then
+    the harness's own functions (and imports) by the time below them (waits for the GPU turn: _gpu_turn,
+    _pass_turn)."""
     import pstats
     files = sorted(glob.glob(os.path.join(directory, "*.prof")))
     if not files:
@@ -790,6 +791,7 @@ def print_profile(directory: str, name: str, top: int = 30) -> None:
     stats = pstats.Stats(merged, stream=sys.stdout)   # (one file name in the headers, not one per job)
     print(f"\n{name}: {len(files)} worker jobs profiled, merged into {merged}")
     stats.sort_stats("tottime").print_stats(top)
+    stats.print_callers(12)   # who calls the top ones (a C builtin's own time is often a host sync or an import)
     stats.sort_stats("cumulative").print_stats(r"eval_harness\.py|_bootstrap>.*_find_and_load\b", top)
 
 

@@ -272,6 +272,7 @@ def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "2 worker jobs profiled" in out and "_job_evaluate" in out and "_make_trials" in out
     assert "merged.pstats" in out and out.count("evaluate-") == 0   # (the merged file's name, not each job's)
+    assert "was called by" in out
     assert "KZ_WORKER_PROFILE" not in os.environ
 
 
