@@ -2165,7 +2165,8 @@ def _job_lint(job: dict, conn: Connection) -> dict:
     try:
         pristine = _to_device(inputs, device)
         times, outs = [], []
-        for _ in range(2):   # same inputs twice -> the same output
+
+        def run():
             args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
             start = time.perf_counter()
             with torch.no_grad():
@@ -2173,10 +2174,23 @@ def _job_lint(job: dict, conn: Connection) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
+
+        def disagree(i, j):
+            return [(a, b) for a, b in zip(_tensors(outs[i]), _tensors(outs[j])) if not _repeatable(a, b)]
+
+        run()
+        run()   # same inputs twice -> the same output
+        differ = disagree(0, 1)
+        # If not, a third run decides: randomness disagrees with both. (Clean-clone CI runs on the 2-core box twice
+        # saw half of a 16M-value tanh output off by ~1e-5 relative in one of two runs, Tanh and
+        # ResidualGatedChain, never reproduced in hundreds of repeats.)
+        if differ:
+            run()
+            if not disagree(2, 0) or not disagree(2, 1):
+                differ = []
     except BaseException as e:
         problems.append("does not run: " + _format_exception(e))
         return report
-    differ = [(a, b) for a, b in zip(_tensors(outs[0]), _tensors(outs[1])) if not _repeatable(a, b)]
     if differ:
         a, b = differ[0]
         how = ""
