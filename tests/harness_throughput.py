@@ -388,7 +388,8 @@ def test_harness_gpu_big_inputs_all_ok_within_memory():
 @_gpu
 def test_harness_gpu_inputs_on_device_agree_with_host_inputs():
     """Trial inputs made on the GPU (the default) against host-made ones: the same verdicts and checks, speedups
-    within 10%, the trials' inputs said to live on the GPU, and input generation in milliseconds."""
+    within 10%, the trials' inputs said to live on the GPU, and input generation in milliseconds; the job's device
+    memory reserved in one block (_reserve_device_memory)."""
     t = _t()
     task = t.GPU_RELU_TASK
     pairs = [(task, t.GOOD_RELU)] * 3 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1]),
@@ -401,6 +402,10 @@ def test_harness_gpu_inputs_on_device_agree_with_host_inputs():
     verdicts = {on: [(r.error_kind, r.details.get("check")) for r in rs] for on, rs in runs.items()}
     assert verdicts[True] == verdicts[False], verdicts
     assert [r.error_kind for r in gpu[:3]] == ["ok"] * 3
+    # each job put its admitted device bytes in its allocator's cache first, and the stale-memory candidate (the
+    # last) is still caught: the reserved block is NaN-filled before each candidate call like any free block
+    assert all(r.details["reserved_mb"] > 0 for r in gpu + host)
+    assert verdicts[True][-1][0] != "ok"
     for g, h in zip(gpu[:3], host[:3]):
         assert g.details["trials_on"] == "cuda" and h.details["trials_on"] == "cpu"
         assert abs(g.speedup / h.speedup - 1) < 0.10, (g.speedup, h.speedup)
