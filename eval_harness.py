@@ -565,15 +565,17 @@ class _Gate:
     while it waits, so that new shared holders of any process queue behind it. The kernel drops a dead process's
     locks. acquire() returns what release() needs (the lock file's descriptor, None without a lock file)."""
 
-    def __init__(self, lock_path: str | None = None):
+    def __init__(self, lock_path: str | None = None, max_shared: int | None = None):
         self.cond = threading.Condition()
         self.shared, self.exclusive, self.waiting = 0, False, 0
         self.lock_path = lock_path
+        self.max_shared = max_shared   # shared holders of this process at once (None: any number)
 
     def acquire(self, mode: str) -> int | None:
         with self.cond:   # 1. this process's holders
             if mode == "shared":
-                self.cond.wait_for(lambda: not self.exclusive and not self.waiting)
+                self.cond.wait_for(lambda: not self.exclusive and not self.waiting
+                                   and (self.max_shared is None or self.shared < self.max_shared))
                 self.shared += 1
             else:
                 self.waiting += 1
@@ -2325,11 +2327,11 @@ class _SharedReference:
 class Evaluator:
     """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
     fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
-    check correctness, but each times alone (_Gate): fair timing, and process start-up, reference inputs, Triton JIT
-    and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
+    check correctness (at most `gpu_checkers` of them holding it at once), but each times alone (_Gate): fair timing,
+    and process start-up, reference inputs, Triton JIT and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
 
     def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=8,
-                 **opts):
+                 gpu_checkers=None, **opts):
         unknown = set(opts) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
@@ -2343,9 +2345,12 @@ class Evaluator:
             self.gpus = list(gpus) if gpus is not None else list(range(torch.cuda.device_count()))
         else:
             self.gpus = []
-        if gpu_workers < 1:
-            raise ValueError(f"gpu_workers must be >= 1, not {gpu_workers}")
-        self.gpu_workers = gpu_workers
+        if gpu_workers < 1 or (gpu_checkers is not None and gpu_checkers < 1):
+            raise ValueError(f"gpu_workers and gpu_checkers must be >= 1, not {gpu_workers}, {gpu_checkers}")
+        # gpu_checkers: of the gpu_workers candidates on a GPU, how many may hold its shared turn at once (None: all).
+        # The others compile (Triton's JIT gives the turn back) or wait: fewer processes with GPU work pending means
+        # fewer time slices for each host sync to wait through (BENCHMARKS.md, "Harness throughput for RL rounds")
+        self.gpu_workers, self.gpu_checkers = gpu_workers, gpu_checkers
         self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
         self.pools, self.gates, self.start_lock, self.memory = None, {}, threading.Lock(), None
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
@@ -2387,7 +2392,7 @@ class Evaluator:
             # and with one spare per slot a round's candidates waited ~2 s each for one (H200, 128 Triton candidates).
             # Each idle worker holds ~0.5-1 GB of host memory and a CUDA context.
             self.pools[gpu] = _Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
-            self.gates[gpu] = _Gate(_gpu_lock_path(gpu))
+            self.gates[gpu] = _Gate(_gpu_lock_path(gpu), max_shared=self.gpu_checkers)
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 

@@ -754,6 +754,33 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
     assert events == ["timing", "late shared"], events
 
 
+def test_harness_gate_caps_its_shared_holders():
+    """_Gate(max_shared=2) (Evaluator's gpu_checkers): a third shared holder waits until one of two leaves; a timer
+    still gets the GPU alone after them; Evaluator refuses gpu_checkers < 1."""
+    gate, events = eh._Gate(max_shared=2), []
+    gate.acquire("shared")
+    gate.acquire("shared")
+
+    def third():
+        gate.acquire("shared")
+        events.append("third")
+
+    t = threading.Thread(target=third)
+    t.start()
+    time.sleep(0.2)
+    assert events == [] and gate.shared == 2, "a third holder must wait"
+    gate.release("shared")
+    t.join(5)
+    assert events == ["third"] and gate.shared == 2
+    gate.release("shared")
+    gate.release("shared")
+    gate.acquire("exclusive")
+    assert gate.exclusive and gate.shared == 0
+    gate.release("exclusive")
+    with pytest.raises(ValueError, match="gpu_checkers"):
+        eh.Evaluator(device="cpu", gpu_checkers=0)
+
+
 def test_harness_gate_holds_across_processes(tmp_path):
     """A gate with a lock file (every Evaluator on a GPU has one) holds across processes: a timer waits while another
     process checks correctness, and a third process's new shared holder queues behind the waiting timer (writer
