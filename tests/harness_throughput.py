@@ -414,6 +414,24 @@ def test_harness_gpu_inputs_on_device_agree_with_host_inputs():
           "host", [round(r.speedup, 3) for r in host[:3]])
 
 
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_checkers_cap_keeps_verdicts():
+    """gpu_checkers=2 of gpu_workers=6 (at most two workers hold the GPU's shared turn): the verdicts and checks of
+    the uncapped run, and every correct candidate timed."""
+    t = _t()
+    task = t.GPU_RELU_TASK
+    pairs = [(task, t.GOOD_RELU)] * 4 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1]),
+                                         (task, t.CASES["stale_memory"][1])]
+    runs = {}
+    for cap in (None, 2):
+        with eh.Evaluator(backend="triton", progress=False, gpu_workers=6, gpu_checkers=cap) as ev:
+            runs[cap] = ev.map(pairs)
+    verdicts = {cap: [(r.error_kind, r.details.get("check")) for r in rs] for cap, rs in runs.items()}
+    assert verdicts[None] == verdicts[2], verdicts
+    assert [k for k, _ in verdicts[2][:4]] == ["ok"] * 4 and all(r.speedup for r in runs[2][:4])
+
+
 TAMPER_REFERENCE = """
 import torch.cuda.graphs
 _objects = vars(vars(torch.cuda.graphs)["gc"])["get_" + "objects"]   # gc through a torch module that imported it:
