@@ -921,8 +921,9 @@ def _worker_main(fd: int) -> None:
 def _warm_up_gpu_worker(backend: str) -> None:
     """First uses that cost seconds in a fresh process (H200, 2026-12-03): the CUDA context (~0.4 s), for CUDA
     candidates the profiler behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up
-    (1.3 s for the first kernel, 0.07 s for the next) and its first device query. Workers boot while others hold the GPU, so none of this launches a kernel: an
-    empty profile, and a Triton kernel compiled (warmup) but never run."""
+    (1.3 s for the first kernel, 0.07 s for the next) and its first device query. Workers boot while others hold
+    the GPU, so none of this launches a kernel: an empty profile, and a Triton kernel compiled (warmup) but never
+    run."""
     torch.zeros(1, device="cuda")   # context creation (and one tiny fill)
     if backend == "cuda":   # (Triton candidates are seen through their launches: no profiler, _kernel_coverage)
         from torch.profiler import ProfilerActivity, profile
@@ -1456,8 +1457,8 @@ def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None
             continue
         if not o.numel():
             continue
-        # Four numbers, one host sync: on a GPU shared by several worker processes every sync waits for the others'
-        # time slices (~10-20 ms each with 8 workers on the H200), and this runs for every trial of every candidate
+        # Four numbers, one host sync: on a GPU shared by several worker processes a sync waits for the others' time
+        # slices (a worker profile: ~10-20 ms per sync with 8 workers, H200), and this runs for every trial
         o32, r32 = (o.float(), r.float()) if o.dtype in (torch.float16, torch.bfloat16) else (o, r)
         finite = torch.isfinite(o32) & torch.isfinite(r32)
         diff = torch.where(finite, (o32 - r32).abs(), torch.zeros_like(o32))
