@@ -1768,7 +1768,8 @@ def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None
     conn.recv()
 
 
-_RESERVE_CAP = 4 * 2**30   # beyond this a task's kernels take long enough that an allocation's cost is noise
+_RESERVE_CAP = 2**30   # a round's tasks fit (256 MB inputs); beyond it a task's kernels take long enough that an
+#                        allocation's cost is noise, and the poison fills what is reserved before every call
 
 
 def _reserve_device_memory(nbytes: int, details: dict) -> None:
