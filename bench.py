@@ -853,21 +853,18 @@ def bench_round(cfg: Config, tag: str) -> None:
             if coarse(r.error_kind) != label:
                 print(f"{name} #{i} ({ROUND_TASKS[i // cfg.round_samples][1]}): labelled {label}, "
                       f"harness says {r.error_kind}: {r.error[:200]!r}")
-    if "baseline" not in summary:
-        table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} {cfg.round_backend} "
-              f"candidates", ["harness", "seconds", "coarse=label", "ok"], rows)
-        record(cfg, "round", summary)
-        return
-    for row in rows:   # every run against the baseline: verdicts equal, speedup ratio (run / baseline), wall ratio
-        c = _round_agreement(summary["baseline"], summary[row[0]])
-        row += [f"{c['same_verdicts']}/{len(pairs)}", c["speedup_ratio_median"] and round(c["speedup_ratio_median"], 3),
-                f"{c['within_5pct']}/{c['timed']}", round(c["wall_ratio"], 2)]
-        summary[row[0]]["vs_baseline"] = c
-    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} {cfg.round_backend} candidates, "
-          f"each run against the baseline", ["harness", "seconds", "coarse=label", "ok", "verdicts = baseline",
-                                    "speedup / baseline (median)", "within 5%", "faster"], rows)
+    header = ["harness", "seconds", "coarse=label", "ok"]
+    if "baseline" in summary:   # every run against it: verdicts equal, speedup ratio (run / baseline), wall ratio
+        header += ["verdicts = baseline", "speedup / baseline (median)", "within 5%", "faster"]
+        for row in rows:
+            c = _round_agreement(summary["baseline"], summary[row[0]])
+            row += [f"{c['same_verdicts']}/{len(pairs)}",
+                    c["speedup_ratio_median"] and round(c["speedup_ratio_median"], 3),
+                    f"{c['within_5pct']}/{c['timed']}", round(c["wall_ratio"], 2)]
+            summary[row[0]]["vs_baseline"] = c
+    table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} {cfg.round_backend} candidates"
+          + (", each run against the baseline" if "baseline" in summary else ""), header, rows)
     record(cfg, "round", summary)
-
 
 def bench_harness(cfg: Config) -> None:
     if not torch.cuda.is_available():

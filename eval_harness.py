@@ -679,9 +679,9 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
     for its GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and
     on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
     counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, _sealed_file)
-    follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds details["phase_s"] (seconds per phase, waits
-    excluded), details["gpu_wait_s"], details["gpu_turns"] (requests for the GPU turn), and details["mem_wait_s"]
-    when the job waited for memory."""
+    follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds
+    details["phase_s"] (seconds per phase, waits excluded), details["gpu_wait_s"], details["gpu_turns"] (requests
+    for the GPU turn), and details["mem_wait_s"] when the job waited for memory."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
@@ -936,7 +936,6 @@ def _warm_up_gpu_worker(backend: str) -> None:
                 x.add_(1)   # (recorded, not run: no replay)
             finally:
                 graph.capture_end()
-        del graph
     if backend == "cuda":   # (Triton candidates are seen through their launches: no profiler, _kernel_coverage)
         from torch.profiler import ProfilerActivity, profile
         with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
@@ -1429,9 +1428,9 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
             pending.append((trials[-1], _fingerprint_sums(out, key)))
         if len(trials) == 1:
             allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
-    sums = _host_ints([s for _, trial_sums in pending for s in trial_sums])   # (one host sync for them all)
+    sums = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums]))   # (one host sync for them all)
     for trial, trial_sums in pending:   # on the host before the candidate exists: out of its kernels' reach
-        trial["fp"], sums = (key, sums[:len(trial_sums)]), sums[len(trial_sums):]
+        trial["fp"] = (key, [next(sums) for _ in trial_sums])
     details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
     return trials, mutates
 
@@ -2063,7 +2062,8 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     once as a CUDA graph and replayed per rep (_graph_runners; else, or where that fails, every model is called
     eagerly, with a device-wide synchronize before the end event). `adaptive`: reps (at least min_reps) until every
     model's median has a 95% confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall
-    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush (DEFAULTS["timing_headroom_us"]).
+    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush
+    (DEFAULTS["timing_headroom_us"]).
     `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
     warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
@@ -2342,7 +2342,8 @@ class Evaluator:
     """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
     fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
     check correctness (at most `gpu_checkers` of them holding it at once), but each times alone (_Gate): fair timing,
-    and process start-up, reference inputs, Triton JIT and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
+    and process start-up, reference inputs, Triton JIT and profiling of one candidate overlap with the others'. On
+    the CPU: `cpu_workers` candidates at once."""
 
     def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=8,
                  gpu_checkers=None, **opts):

@@ -895,7 +895,8 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     assert not eh._outputs_intact(trials)
     # several fingerprinted trials are read in one go: a change in any one of them shows
     z = torch.randn(5)
-    trials = [{"out": x.clone(), "fp": (key, fp)}, {"out": (z.clone(), x.clone()), "fp": (key + 1, _fingerprint((z, x), key + 1))}]
+    trials = [{"out": x.clone(), "fp": (key, fp)},
+              {"out": (z.clone(), x.clone()), "fp": (key + 1, _fingerprint((z, x), key + 1))}]
     assert eh._outputs_intact(trials)
     trials[1]["out"][1][999, 6] += 1
     assert not eh._outputs_intact(trials)
