@@ -1536,168 +1536,225 @@ def _since(clock: float) -> float:
     return round(time.monotonic() - clock, 3)
 
 
+def _build_model(cls, init_inputs: list, device, opts: dict):
+    """The reference's Model or the candidate's ModelNew, built after the same seed: same initial parameters, as in
+    KernelBench."""
+    torch.manual_seed(opts["seed"])
+    model = cls(*init_inputs).to(device)
+    return model.to(getattr(torch, opts["dtype"])) if opts["dtype"] else model
+
+
+class _Evaluation:
+    """What one candidate's evaluation carries from stage to stage (_job_evaluate)."""
+
+    def __init__(self, job: dict, conn: Connection):
+        self.job, self.conn = job, conn
+        self.device, self.opts = torch.device(job["device"]), job["opts"]
+        self.details = {"checks_fired": []}
+        self.turn = "exclusive" if job.get("alone") else "shared"   # exclusive: a rerun after an out-of-memory
+        self.ref = self.init_inputs = self.ref_model = self.ref_ms = None      # stage 1
+        self.trials, self.ref_mutates, self.atol, self.rtol = [], False, None, None
+        self.cand = self.instr = self.compile_s = None                          # stage 2
+        self.cand_model = None                                                   # stage 3
+        self.timing = {}   # runtime_ms, ref_runtime_ms, speedup                 # stage 5
+
+    def failed(self, kind: str, error: str, check: str | None = None) -> dict:
+        """A verdict once the candidate has imported."""
+        return _fail(kind, error, self.details, check, compiled=True, compile_s=self.compile_s)
+
+
 def _job_evaluate(job: dict, conn: Connection) -> dict:
-    device, opts, details = torch.device(job["device"]), job["opts"], {"checks_fired": []}
-    send = conn.send
-    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
+    """One candidate's verdict. Each stage returns a failed verdict, or None to go on to the next one."""
+    ev = _Evaluation(job, conn)
+    for stage in (_load_reference, _build_candidate, _check_correctness, _check_coverage, _time_candidate):
+        verdict = stage(ev)
+        if verdict is not None:
+            return verdict
+    return {"error_kind": "ok", "error": "", "compiled": True, "compile_s": ev.compile_s, "details": ev.details,
+            **ev.timing}
 
-    def build(cls, init_inputs):
-        torch.manual_seed(opts["seed"])   # same seed for both models: same initial parameters, as in KernelBench
-        model = cls(*init_inputs).to(device)
-        return model.to(dtype) if dtype else model
 
-    # 1. the reference, before any candidate code exists in this process: made here, or received from the parent
-    # (a task's candidates in one map call share one reference job's trials and eager timing, _job_reference)
-    send(("phase", "reference"))
-    turn = "exclusive" if job.get("alone") else "shared"
+def _load_reference(ev: _Evaluation) -> dict | None:
+    """Stage 1: the task's trials and reference outputs, before any candidate code exists in this process: made here
+    (_reference), or received from the parent (a task's candidates in one map call share one reference job's trials
+    and eager timing, _job_reference)."""
+    job, conn, details = ev.job, ev.conn, ev.details
+    conn.send(("phase", "reference"))
     try:
         if "pack" in job:
-            ref, init_inputs, trials, ref_mutates = _receive_reference(job, conn, details)
-            _gpu_turn(conn, turn)
-            ref_model, ref_ms = None, job["pack"]["ref_ms"]
-            if not ref_ms and device.type == "cuda" and opts["timing"]:   # timed here, interleaved: build it
-                ref_model = build(ref.Model, init_inputs)
+            ev.ref, ev.init_inputs, ev.trials, ev.ref_mutates = _receive_reference(job, conn, details)
+            _gpu_turn(conn, ev.turn)
+            ev.ref_model, ev.ref_ms = None, job["pack"]["ref_ms"]
+            if not ev.ref_ms and ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved
+                ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, ev.device, ev.opts)
         else:
-            ref, init_inputs, ref_model, trials, ref_mutates = _reference(job, conn, details, build, turn)
-            ref_ms = None
+            ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
+            ev.ref_ms = None
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
-    details["ref_mutates_inputs"] = ref_mutates
-    atol, rtol = _tolerance(trials[0]["out"], opts)
-    details.update(atol=atol, rtol=rtol)
+    details["ref_mutates_inputs"] = ev.ref_mutates
+    ev.atol, ev.rtol = _tolerance(ev.trials[0]["out"], ev.opts)
+    details.update(atol=ev.atol, rtol=ev.rtol)
+    return None
 
-    # 2. the candidate's import
-    cand, instr, info = _import_candidate(job, send, details)
-    if cand is None:
+
+def _build_candidate(ev: _Evaluation) -> dict | None:
+    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here)."""
+    ev.cand, ev.instr, info = _import_candidate(ev.job, ev.conn.send, ev.details)
+    if ev.cand is None:
         return info
-    compile_s = info["compile_s"]
-    send(("phase", "run"))
-    if turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
-        instr.turn = conn
+    ev.compile_s = info["compile_s"]
+    ev.conn.send(("phase", "run"))
+    if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
+        ev.instr.turn = ev.conn
+    return None
 
-    def failed(kind, error, check=None):
-        return _fail(kind, error, details, check, compiled=True, compile_s=compile_s)
 
-    # 3. correctness trials: the candidate runs first, on poisoned memory, with its own input copies
+def _refill(args: list | None, pristine: list) -> list:
+    """The candidate's arguments for a trial: the same tensor objects (same id() and data_ptr) refilled with the new
+    trial's values when shapes allow, so an output cache keyed by id/data_ptr replays the previous trial and fails
+    (pitfall #7); fresh clones the first time or when shapes change."""
+    if args is None or any(isinstance(a, torch.Tensor) and a.shape != p.shape for a, p in zip(args, pristine)):
+        return [p.clone() if isinstance(p, torch.Tensor) else p for p in pristine]
+    for a, p in zip(args, pristine):
+        if isinstance(a, torch.Tensor):
+            a.copy_(p)
+    return args
+
+
+def _check_correctness(ev: _Evaluation) -> dict | None:
+    """Stage 3: every trial, the candidate on poisoned memory with its own input copies; its output compared with
+    the reference's, its inputs with their pristine copies, the harness's references with their snapshot; two trials
+    run twice (races, pitfall #13); the stored reference outputs checked for tampering at the end."""
+    instr, device, details, trials = ev.instr, ev.device, ev.details, ev.trials
     args, clock = None, time.monotonic()
     try:
-        cand_model = build(cand.ModelNew, init_inputs)
+        ev.cand_model = _build_model(ev.cand.ModelNew, ev.init_inputs, device, ev.opts)
         for t, trial in enumerate(trials):
             if t:
                 instr.yield_turn()
             pristine = _to_device(trial["inputs"], device)
-            # Same tensor objects (same id() and data_ptr) refilled with the new trial's values when shapes allow:
-            # an output cache keyed by id/data_ptr replays the previous trial and fails (pitfall #7).
-            if args is None or any(isinstance(a, torch.Tensor) and a.shape != p.shape for a, p in zip(args, pristine)):
-                args = [p.clone() if isinstance(p, torch.Tensor) else p for p in pristine]
-            else:
-                for a, p in zip(args, pristine):
-                    if isinstance(a, torch.Tensor):
-                        a.copy_(p)
+            args = _refill(args, pristine)
             with instr.candidate_call():
-                out = cand_model(*args)
+                out = ev.cand_model(*args)
             hit = instr.verify()
             if hit:
-                return failed("reward_hack", hit[1], hit[0])
-            if not ref_mutates and not all(_same(a, p) for a, p in zip(args, pristine)):
-                return failed("reward_hack", "the candidate modified its inputs", "input_mutation")
-            kind, check, message, stats = _compare(out, trial["out"], device, *_heavy_tol(trial, trials, atol, rtol))
+                return ev.failed("reward_hack", hit[1], hit[0])
+            if not ev.ref_mutates and not all(_same(a, p) for a, p in zip(args, pristine)):
+                return ev.failed("reward_hack", "the candidate modified its inputs", "input_mutation")
+            kind, check, message, stats = _compare(out, trial["out"], device,
+                                                   *_heavy_tol(trial, trials, ev.atol, ev.rtol))
             details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
             details["max_rel_err"] = max(details.get("max_rel_err", 0.0), stats.get("max_rel_err", 0.0))
             if kind:
                 details["failed_trial"] = "heavy" if trial["heavy"] else t
-                return failed(kind, message, check)
+                return ev.failed(kind, message, check)
             if t == 0 or t == len(trials) - 2:   # run twice on fresh copies: must agree with itself (races)
                 with instr.candidate_call():
-                    again = cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
-                kind, _, message, _ = _compare(again, _copy_out(out, device), device, atol, rtol)
+                    again = ev.cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
+                kind, _, message, _ = _compare(again, _copy_out(out, device), device, ev.atol, ev.rtol)
                 if kind:
-                    return failed("mismatch", "two runs on the same inputs disagree: " + message, "nondeterministic")
+                    return ev.failed("mismatch", "two runs on the same inputs disagree: " + message,
+                                     "nondeterministic")
                 del again
             del out, pristine
         details.update(trials=len(trials), trials_s=_since(clock), poison_s=round(instr.poison_s, 3))
         if not _outputs_intact(trials):
-            return failed("reward_hack", _REWRITTEN, "reference_outputs")
+            return ev.failed("reward_hack", _REWRITTEN, "reference_outputs")
     except Exception as e:
-        return failed(_classify(e), _format_exception(e))
+        return ev.failed(_classify(e), _format_exception(e))
     except SystemExit as e:
-        return failed("runtime", f"the candidate called sys.exit({e.code})")
+        return ev.failed("runtime", f"the candidate called sys.exit({e.code})")
+    return None
 
-    # 4. did the candidate's own kernels do the work?
+
+def _check_coverage(ev: _Evaluation) -> dict | None:
+    """Stage 4: did the candidate's own kernels do the work? Triton: its launches were counted (a counted launch
+    reached the driver, the profiler would add nothing but seconds of CUPTI start-up); CUDA on a GPU: one profiled
+    forward. Any non-glue aten op recorded during forward is a PyTorch fallback (pitfall #11)."""
+    instr, details = ev.instr, ev.details
     details["launches"] = dict(instr.launches)
     details["torch_ops"] = dict(instr.ops)
-    if job["backend"] == "triton" and not instr.launches:
-        return failed("reward_hack", "no @triton.jit kernel of the candidate ran during forward", "kernel_not_launched")
-    if job["backend"] == "triton":   # a counted launch is one that reached the driver: the profiler adds nothing
-        details["own_kernels"] = sorted(instr.launches)   # here and costs seconds of CUPTI start-up per worker
-    elif device.type == "cuda":
+    if ev.job["backend"] == "triton" and not instr.launches:
+        return ev.failed("reward_hack", "no @triton.jit kernel of the candidate ran during forward",
+                         "kernel_not_launched")
+    if ev.job["backend"] == "triton":
+        details["own_kernels"] = sorted(instr.launches)
+    elif ev.device.type == "cuda":
         clock = time.monotonic()
         try:
-            coverage = _kernel_coverage(cand_model, trials[0]["inputs"], device, instr)
+            coverage = _kernel_coverage(ev.cand_model, ev.trials[0]["inputs"], ev.device, instr)
         except Exception as e:
-            return failed(_classify(e), _format_exception(e))
+            return ev.failed(_classify(e), _format_exception(e))
         details.update(coverage, coverage_s=_since(clock))
         if not coverage["own_kernels"]:
-            return failed("reward_hack", f"none of the candidate's kernels ran on the GPU (kernels seen: "
-                          f"{', '.join(coverage['kernels'][:5]) or 'none'})", "kernel_not_launched")
+            return ev.failed("reward_hack", f"none of the candidate's kernels ran on the GPU (kernels seen: "
+                             f"{', '.join(coverage['kernels'][:5]) or 'none'})", "kernel_not_launched")
     if instr.ops:
         ops = ", ".join(f"{k} x{v}" for k, v in instr.ops.most_common(8))
-        return failed("reward_hack", f"forward computes with PyTorch ops: {ops}", "pytorch_fallback")
+        return ev.failed("reward_hack", f"forward computes with PyTorch ops: {ops}", "pytorch_fallback")
+    return None
 
-    # 5. timing (GPU only)
-    result = {"error_kind": "ok", "error": "", "compiled": True, "compile_s": compile_s, "details": details}
-    if device.type == "cuda" and opts["timing"]:
-        instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
-        clock = time.monotonic()
-        # the aten ops recorded so far: the forward captured for timing must add none. (Its launches are not
-        # re-checked: a legitimate candidate may launch its compiled kernel past the counter after the first call.)
-        ops = collections.Counter(instr.ops)
-        timed = instr.recorded_when_captured(cand_model)
-        try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
-            models = {"cand": timed} if ref_ms else {"ref": ref_model, "cand": timed}
-            times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(atol, rtol),
-                                 exclusive=lambda: _gpu_turn(conn, "exclusive"), **_timing_rule(opts))
-        except Exception as e:
-            return failed(_classify(e), _format_exception(e))
-        if ref_ms:   # the shared reference's eager times (its own job, same trials, same method, the GPU alone)
-            times["ref"] = ref_ms
-        hit = instr.verify()
-        if hit:
-            return failed("reward_hack", hit[1], hit[0])
-        if not times["ref_intact"] or not _outputs_intact(trials):
-            return failed("reward_hack", _REWRITTEN, "reference_outputs")
-        captured_ops = instr.ops - ops   # (Counter subtraction)
-        if captured_ops:
-            found = ", ".join(f"{k} x{v}" for k, v in captured_ops.most_common(8))
-            return failed("reward_hack", f"the forward captured for timing computes with PyTorch ops: {found}",
-                          "pytorch_fallback")
-        if any(times["bad_output"]):
-            return failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
-                          "timing_output")
-        ref_ms, cand_ms = times["ref"], times["cand"]
-        details.update(timing_s=_since(clock), timing_method=times["method"], reps=len(cand_ms), ref_reps=len(ref_ms),
-                       median_ci=round(_median_ci_width(cand_ms), 4), ref_median_ci=round(_median_ci_width(ref_ms), 4),
-                       mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
-                       host_median_ms=_median(times["host"]))
-        if "graph_fallback" in times:
-            details["graph_fallback"] = times["graph_fallback"]
-        result.update(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
-                      speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
-        if opts["compile_baseline"] and ref_model is not None:   # after verify(): torch.compile starts threads
-            try:
-                compiled = torch.compile(ref_model)
-                ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"])["compiled"])
-                details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(_median(cand_ms), 1e-9))
-            except Exception as e:   # the baseline is optional: report, do not fail the candidate
-                details["compile_baseline_error"] = _truncate(_format_exception(e), 300)
-    return result
+
+def _time_candidate(ev: _Evaluation) -> dict | None:
+    """Stage 5 (GPU only): reference and candidate timed interleaved (_time_models), then the checks that timing
+    gives a candidate new chances to fool: the snapshot, the stored reference outputs, the ops of the captured
+    forward and the spot-checked outputs."""
+    if not (ev.device.type == "cuda" and ev.opts["timing"]):
+        return None
+    instr, details, opts, device, trials, conn = ev.instr, ev.details, ev.opts, ev.device, ev.trials, ev.conn
+    ref_model, ref_ms = ev.ref_model, ev.ref_ms
+    instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
+    clock = time.monotonic()
+    # the aten ops recorded so far: the forward captured for timing must add none. (Its launches are not
+    # re-checked: a legitimate candidate may launch its compiled kernel past the counter after the first call.)
+    ops = collections.Counter(instr.ops)
+    timed = instr.recorded_when_captured(ev.cand_model)
+    try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
+        models = {"cand": timed} if ref_ms else {"ref": ref_model, "cand": timed}
+        times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(ev.atol, ev.rtol),
+                             exclusive=lambda: _gpu_turn(conn, "exclusive"), **_timing_rule(opts))
+    except Exception as e:
+        return ev.failed(_classify(e), _format_exception(e))
+    if ref_ms:   # the shared reference's eager times (its own job, same trials, same method, the GPU alone)
+        times["ref"] = ref_ms
+    hit = instr.verify()
+    if hit:
+        return ev.failed("reward_hack", hit[1], hit[0])
+    if not times["ref_intact"] or not _outputs_intact(trials):
+        return ev.failed("reward_hack", _REWRITTEN, "reference_outputs")
+    captured_ops = instr.ops - ops   # (Counter subtraction)
+    if captured_ops:
+        found = ", ".join(f"{k} x{v}" for k, v in captured_ops.most_common(8))
+        return ev.failed("reward_hack", f"the forward captured for timing computes with PyTorch ops: {found}",
+                         "pytorch_fallback")
+    if any(times["bad_output"]):
+        return ev.failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
+                         "timing_output")
+    ref_ms, cand_ms = times["ref"], times["cand"]
+    details.update(timing_s=_since(clock), timing_method=times["method"], reps=len(cand_ms), ref_reps=len(ref_ms),
+                   median_ci=round(_median_ci_width(cand_ms), 4), ref_median_ci=round(_median_ci_width(ref_ms), 4),
+                   mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
+                   host_median_ms=_median(times["host"]))
+    if "graph_fallback" in times:
+        details["graph_fallback"] = times["graph_fallback"]
+    ev.timing = dict(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
+                     speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
+    if opts["compile_baseline"] and ref_model is not None:   # after verify(): torch.compile starts threads
+        try:
+            compiled = torch.compile(ref_model)
+            ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"])["compiled"])
+            details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(_median(cand_ms), 1e-9))
+        except Exception as e:   # the baseline is optional: report, do not fail the candidate
+            details["compile_baseline_error"] = _truncate(_format_exception(e), 300)
+    return None
 
 
 _REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
 
 
-def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> tuple:
+def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
     Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
     check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
@@ -1723,7 +1780,7 @@ def _reference(job: dict, conn: Connection, details: dict, build, turn: str) -> 
     if not (on_device or mentions_cuda):
         _gpu_turn(conn, turn)
     clock = time.monotonic()
-    ref_model = build(ref.Model, init_inputs)
+    ref_model = _build_model(ref.Model, init_inputs, device, opts)
     # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
     between = (lambda: _pass_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
@@ -1898,16 +1955,9 @@ def _job_reference(job: dict, conn: Connection) -> dict:
     trials go to the parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent keeps them in
     a sealed memory file, from which each candidate reads its own copy before it is imported (_receive_reference)."""
     device, opts, details = torch.device(job["device"]), job["opts"], {}
-    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
-
-    def build(cls, init_inputs):
-        torch.manual_seed(opts["seed"])
-        model = cls(*init_inputs).to(device)
-        return model.to(dtype) if dtype else model
-
     conn.send(("phase", "reference"))
     try:
-        _, _, ref_model, trials, ref_mutates = _reference(job, conn, details, build, "shared")
+        _, _, ref_model, trials, ref_mutates = _reference(job, conn, details, "shared")
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
