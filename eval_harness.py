@@ -278,7 +278,8 @@ _STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA
 
 
 def _import_aliases(tree: ast.AST) -> dict[str, str]:
-    """Local name -> dotted path it was imported as (`import torch.nn.functional as F` -> F: torch.nn.functional)."""
+    """Local name -> dotted path it was imported as (`import torch.nn.functional as F` -> F: torch.nn.functional,
+    `import torch.nn` -> torch: torch). Shared with kernelbench_tasks/catalog.py."""
     aliases = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -290,16 +291,24 @@ def _import_aliases(tree: ast.AST) -> dict[str, str]:
     return aliases
 
 
-def _dotted(node: ast.AST, aliases: dict) -> str | None:
-    """'torch.cuda.Stream' for an attribute chain (or subscript base) rooted at an imported name, else None."""
+def _name_chain(node: ast.AST, subscripts: bool = False) -> list[str] | None:
+    """['F', 'gelu'] for F.gelu: the names of an attribute chain that starts at a plain name, else None (e.g.
+    (x + y).sum). subscripts=True also walks through subscripts (sys.modules["os"].system -> sys, modules,
+    system). Shared with kernelbench_tasks/catalog.py."""
     parts = []
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
+    while isinstance(node, ast.Attribute) or (subscripts and isinstance(node, ast.Subscript)):
         if isinstance(node, ast.Attribute):
             parts.append(node.attr)
         node = node.value
-    if isinstance(node, ast.Name) and node.id in aliases:
-        return ".".join([aliases[node.id]] + parts[::-1])
-    return None
+    return [node.id] + parts[::-1] if isinstance(node, ast.Name) else None
+
+
+def _dotted(node: ast.AST, aliases: dict) -> str | None:
+    """'torch.cuda.Stream' for an attribute chain (or subscript base) rooted at an imported name, else None."""
+    chain = _name_chain(node, subscripts=True)
+    if chain is None or chain[0] not in aliases:
+        return None
+    return ".".join([aliases[chain[0]]] + chain[1:])
 
 
 def _static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:

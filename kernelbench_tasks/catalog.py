@@ -461,40 +461,13 @@ def render_api_set(apis):
 # Source checks: which APIs a module uses, and a normalised hash for de-duplication
 
 
-def _import_aliases(tree):
-    """{local name: dotted torch name} from the module's imports (import torch.nn.functional as F, from torch import nn)."""
-    aliases = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname:
-                    aliases[a.asname] = a.name
-                else:  # `import torch.nn` binds `torch`
-                    root = a.name.split(".")[0]
-                    aliases[root] = root
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:
-                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-    return aliases
-
-
-def _dotted(node):
-    """['F', 'gelu'] for F.gelu, None when the chain does not end at a plain name (e.g. (x + y).sum)."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return [node.id] + parts[::-1]
-    return None
-
-
 def _usage(src):
     """(dotted torch names, method names, operator names, attribute names) used outside get_inputs/get_init_inputs.
 
     Operators count only outside __init__ (`1.0 / math.sqrt(d)` there is scalar set-up, not a tensor op), and
     `self.norm(x)` is a submodule call, not the tensor method `norm`.
     """
+    from eval_harness import _import_aliases, _name_chain   # (imported here: the catalog itself loads without it)
     tree = ast.parse(src)
     aliases = _import_aliases(tree)
     body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in ("get_inputs", "get_init_inputs"))
@@ -506,12 +479,12 @@ def _usage(src):
         if isinstance(node, (ast.BinOp, ast.AugAssign)) and id(node) not in in_init:
             ops.add(type(node.op).__name__)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            chain = _dotted(node.func)
+            chain = _name_chain(node.func)
             # a method on a tensor expression: x.sum(), (a * b).softmax(), self.weight.sum(); not self.op(x)
             if chain is None or (chain[0] not in aliases and chain[:1] != ["self"]) or len(chain) > 2:
                 methods.add(node.func.attr)
         if isinstance(node, (ast.Attribute, ast.Name)):
-            chain = _dotted(node)
+            chain = _name_chain(node)
             if chain and chain[0] in aliases:
                 names.add(".".join([aliases[chain[0]]] + chain[1:]))
             elif isinstance(node, ast.Attribute):
@@ -635,6 +608,7 @@ def normalized_source_hash(src, ignore_constants=False):
     (use it to check that a generated module is not a held-out task with different sizes). Raises SyntaxError on
     source that does not parse.
     """
+    from eval_harness import _import_aliases
     tree = ast.parse(src)
     aliases = _import_aliases(tree)
     bound, bound_attrs = set(), set()
