@@ -42,10 +42,9 @@ download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt len
       steps and extrapolated (the table says so). Then greedy token ids of both paths (the rollout path with the first
       `rollout_attention`), before and after one policy_update.
       `rollout_attention` sets the sampler's attention for the timed rollouts, any of kernelzero.ATTENTIONS: sdpa_gqa
-      (kernelzero's GQA-aware function, the trainer's default), matmul_decode (sdpa_gqa, with two matmuls around a
-      masked softmax in the compiled decode step) and sdpa (transformers' stock: with a mask it copies K/V G times per
-      layer and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is among them, an
-      "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another
+      (kernelzero's GQA-aware function, the trainer's default) and sdpa (transformers' stock: with a mask it copies K/V
+      G times per layer and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is
+      among them, an "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another
       compile of the same code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
       when comparing, e.g. `python bench.py rollout --rollout-models smollm2 --rollout-batches 64
       --rollout-attention sdpa_gqa,sdpa`. `--rollout-profile` (GPU): after each timed rollout, `profile_steps`
@@ -58,11 +57,10 @@ download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt len
   attention: the attention of one decode step alone (every layer, one query per sequence over a static cache of
       `attention_cache` slots of which `attention_filled` hold tokens, random left padding), per implementation in
       `attention_variants`: sdpa_gqa (kernelzero.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
-      function under torch.compile, as in the compiled decode step: matmul_decode is kernelzero's
-      matmul_decode_attention, flex a flex_attention with the mask as a score_mod). Relative error against float64
-      on the CPU; on a GPU the layers are captured in one CUDA graph and replayed (like the decode step's
-      reduce-overhead graphs), median of `attention_reps` event-timed replays, against the floor of reading K and V
-      once at the copy bandwidth measured in the same call.
+      function under torch.compile, as in the compiled decode step; flex is a flex_attention with the mask as a
+      score_mod). Relative error against float64 on the CPU; on a GPU the layers are captured in one CUDA graph and
+      replayed (like the decode step's reduce-overhead graphs), median of `attention_reps` event-timed replays,
+      against the floor of reading K and V once at the copy bandwidth measured in the same call.
 How these depart from plain generate and training: EOS is masked until the last token in both paths (min_new_tokens),
 so every call decodes the same number of steps; the greedy check runs rollout at temperature 0. Random weights have
 near-tied logits, so one bf16 rounding difference can flip a greedy token: exact greedy identity is meaningful for
@@ -138,7 +136,7 @@ class Config:
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
     rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated
-    #                                  kernelzero.ATTENTIONS (sdpa_gqa, matmul_decode, sdpa = transformers' stock); with
+    #                                  kernelzero.ATTENTIONS (sdpa_gqa, sdpa = transformers' stock); with
     #                                  sdpa among them, an "attention" record per other one holds the ratio
     baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
@@ -163,7 +161,7 @@ class Config:
     attention_batches: str = "64,256"  # attention: sequences per decode step, comma-separated
     attention_cache: int = 2048      # attention: static cache slots (the rollout bench: prompt bucket 1536 + 512)
     attention_filled: int = 1792     # attention: slots holding tokens (the rest masked, as mid-way through decoding)
-    attention_variants: str = "sdpa_gqa,sdpa_gqa_compiled,matmul_decode_compiled,flex_compiled"  # attention: what
+    attention_variants: str = "sdpa_gqa,sdpa_gqa_compiled,flex_compiled"  # attention: what
     #                                  is timed, comma-separated (see the docstring)
     attention_reps: int = 30         # attention: timed replays (GPU) or calls (CPU); median
     models: str = "qwen-coder-0.5b"  # models: the model names measured (any kernelzero model name), comma-separated
@@ -1283,15 +1281,11 @@ def decode_attentions() -> dict:
     def sdpa_gqa(q, k, v, mask):
         return kz.sdpa_gqa_attention(None, q, k, v, mask)[0]
 
-    def matmul_decode(q, k, v, mask):   # (eager it falls back to sdpa_gqa: only its compiled form is timed)
-        return kz.matmul_decode_attention(None, q, k, v, mask)[0]
-
     def flex(q, k, v, mask):
         keep = mask[:, 0, 0]
         return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: torch.where(keep[b, j], s, -float("inf")),
                               enable_gqa=True).transpose(1, 2)
     return {"sdpa_gqa": sdpa_gqa, "sdpa_gqa_compiled": torch.compile(sdpa_gqa, dynamic=False),
-            "matmul_decode_compiled": torch.compile(matmul_decode, dynamic=False),
             "flex_compiled": torch.compile(flex, dynamic=False)}
 
 

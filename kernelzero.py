@@ -35,13 +35,16 @@ Run:
 
 import argparse
 import ast
+import base64
 import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import difflib
 import glob
 import gzip
-import importlib.util
+import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -56,6 +59,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from tqdm import tqdm
+
+from cuda_ext.build import cache_root
+from eval_harness import Evaluator, KernelResult, extract_code, lint_rule
+from kernelbench_tasks import catalog, held_out_hashes, synth
 
 
 # -----------------------------------------------------------------------------
@@ -86,9 +94,7 @@ class Config:
     gen_batch_size: int = 64  # prompts per generate call
     static_cache: bool = True  # static KV cache + compiled decode (CUDA only; switched off on the CPU)
     attention: str = "sdpa_gqa"  # the sampler's attention (ATTENTIONS): "sdpa_gqa" (no per-step K/V copies on GQA
-    #                              models), "sdpa" (transformers' stock) or "matmul_decode" (an experiment: faster
-    #                              alone, slower in the whole compiled step; BENCHMARKS.md, "The matmul form end to end"); on the CPU the
-    #                              sampler is the trained model itself
+    #                              models) or "sdpa" (transformers' stock); on the CPU the sampler is the trained model
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
@@ -218,14 +224,12 @@ def install_command(name, packages=None):
 
 
 def model_cache_dir(name):
-    from cuda_ext.build import cache_root   # $KZ_CACHE_DIR, as for the harness's builds and GPU locks
-    return os.path.join(cache_root(), "models", name)
+    return os.path.join(cache_root(), "models", name)   # $KZ_CACHE_DIR, as for the harness's builds and GPU locks
 
 
 def find_slices(name):
     """[(package, path, RECORD's size and sha256)] of a named model's data files, in file order, found through the
     installed distributions' file lists; SystemExit naming the missing package and the pip line that fixes it."""
-    import importlib.metadata
     spec, slices = NAMED_MODELS[name], []
     for pkg in spec["packages"]:
         try:
@@ -263,11 +267,12 @@ def model_problem(name):
     if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") > 1:
         return (f"model {name!r} is neither a local model directory nor a Hugging Face id; named models: "
                 f"{', '.join(['tiny', *NAMED_MODELS])}")
-    from huggingface_hub import try_to_load_from_cache
+    # the Hugging Face libraries are imported where they are used: the CLI, its usage errors, compare and plot start
+    # without them
+    from huggingface_hub import HfApi, try_to_load_from_cache
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return None
     try:  # one request with a short timeout, not the hub client's retries
-        from huggingface_hub import HfApi
         HfApi().model_info(name, timeout=10)
         return None
     except Exception as e:  # no network, unknown repo, gated repo: all answer the same way here
@@ -275,7 +280,6 @@ def model_problem(name):
 
 
 def file_sha256(path):
-    import hashlib
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").digest()
 
@@ -283,7 +287,6 @@ def file_sha256(path):
 def corrupt_packages(slices):
     """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install, in
     unpadded urlsafe base64)."""
-    import base64
     return [pkg for pkg, path, _, record_hash in slices if record_hash is not None
             and base64.urlsafe_b64encode(file_sha256(path)).rstrip(b"=").decode() != record_hash]
 
@@ -291,7 +294,6 @@ def corrupt_packages(slices):
 def join_slices(name, slices, dest):
     """Concatenate the slices into dest, streaming, hashing as it goes; dest appears only once its SHA-256 is the
     pinned one (written under a temporary name, then renamed), so no later run can trust a half-written file."""
-    import hashlib
     spec, tmp = NAMED_MODELS[name], f"{dest}.partial-{os.getpid()}"
     digest = hashlib.sha256()
     try:
@@ -449,34 +451,7 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
     return out.reshape(B, H, q, D).transpose(1, 2).contiguous(), None
 
 
-# Decoding with a static cache is one query per sequence against every cache slot (prompt bucket + max_new_tokens).
-# Profiled on the H200 (2026-12-03, commits `84b7edc` and `39b82d2`; BENCHMARKS.md, "Rollouts: where a compiled
-# decode step goes" and "Decode attention on its own"), torch's SDPA picks cuDNN's prefill-shaped flash kernel for
-# that, 64-query tiles serving G rows: 74% of a SmolLM2 decode step (48% for the 1.5B shape). Written as two matmuls
-# around a masked softmax, the same step lets torch.compile fuse the mask, scale and softmax and hand the products to
-# cuBLAS: `bench.py attention` measured the 30 layers of a SmolLM2 step at batch 64 at 1.14 ms against SDPA's
-# 2.16 ms (bandwidth floor 0.72 ms; 1.30 against 1.66 ms for the 1.5B shape). But inside the whole compiled decode
-# step it made the 1.5B shape's step slower, 17.1 against 10.5 ms (not yet profiled): an experiment, not the
-# default. flex_attention was tried too and was 100x slower (a score_mod mask). Only inside torch.compile: eager,
-# the unfused version loses to SDPA.
-def matmul_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                            **kwargs):
-    """sdpa_gqa_attention, except a compiled one-query step with a boolean (B, 1, 1, L) mask: softmax(q k^T) v."""
-    if not (torch.compiler.is_compiling() and query.shape[2] == 1 and dropout == 0.0 and attention_mask is not None
-            and attention_mask.dtype == torch.bool and attention_mask.shape[1:3] == (1, 1)
-            and query.shape[1] % key.shape[1] == 0 and kwargs.get("position_bias") is None):
-        return sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kwargs)
-    B, H, _, D = query.shape
-    G = H // key.shape[1]
-    q = query.reshape(B, H // G, G, D)  # (B, Hkv, G, D): the G query heads of K/V head j, as in sdpa_gqa_attention
-    scores = (q @ key.transpose(-1, -2)).float() * (scaling if scaling is not None else D ** -0.5)  # (B, Hkv, G, L)
-    scores = scores.masked_fill(~attention_mask, float("-inf"))  # (B, 1, 1, L) broadcasts over heads and rows
-    out = scores.softmax(-1).to(value.dtype) @ value  # (B, Hkv, G, D): bf16 probabilities, as flash kernels use
-    return out.reshape(B, 1, H, D), None  # (B, q=1, H, D); head j*G + g is row g of K/V head j
-
-
-ATTENTIONS = {"sdpa": None, "sdpa_gqa": sdpa_gqa_attention, "matmul_decode": matmul_decode_attention}  # None: stock
+ATTENTIONS = {"sdpa": None, "sdpa_gqa": sdpa_gqa_attention}  # None: transformers' stock "sdpa"
 
 
 def set_attention(model, name):
@@ -512,13 +487,11 @@ def wrap_policy(model, tok, cfg, lr, device):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     sampler = model
     if device.type == "cuda":
-        import copy
         sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
     if cfg.attention != "sdpa":
         set_attention(sampler, cfg.attention)
     ref = None
     if cfg.kl_coef > 0:
-        import copy
         ref = copy.deepcopy(model).eval().requires_grad_(False)
     return Policy(model, tok, opt, sampler, ref)
 
@@ -634,7 +607,6 @@ def slug(name):
 
 def sft_examples(pairs, backend, one_shot):
     """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
-    from kernelbench_tasks import catalog
     coder, proposer = [], []
     for p in pairs:
         coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
@@ -644,7 +616,7 @@ def sft_examples(pairs, backend, one_shot):
     return coder, proposer
 
 
-def sft_batch(tok, examples, cfg, device):
+def sft_collate(tok, examples, cfg, device):
     """Right-padded (input_ids, attention_mask, labels) with the loss on target tokens (and the closing EOS) only."""
     rows = []
     for prompt, target in examples:
@@ -660,7 +632,6 @@ def sft_batch(tok, examples, cfg, device):
 
 def sft_train(policy, examples, cfg, steps, desc="sft"):
     """Supervised fine-tuning with microbatches; returns the per-step mean token losses."""
-    from tqdm import tqdm
     model, device = policy.model, next(policy.model.parameters()).device
     for group in policy.opt.param_groups:
         group["lr"] = cfg.sft_lr
@@ -672,7 +643,7 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
         policy.opt.zero_grad(set_to_none=True)
         total = 0.0
         for i in range(0, len(batch), cfg.micro_batch):
-            ids, mask, labels = sft_batch(policy.tok, batch[i:i + cfg.micro_batch], cfg, device)
+            ids, mask, labels = sft_collate(policy.tok, batch[i:i + cfg.micro_batch], cfg, device)
             with autocast(device):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
             share = len(batch[i:i + cfg.micro_batch]) / len(batch)  # microbatches of (nearly) equal weight
@@ -715,8 +686,7 @@ def sft_warm_start(cfg, device, harness_device):
     if not os.path.exists(data):
         print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "
               f"kernelbench_tasks.synth --n {cfg.sft_pairs} --backend {cfg.backend} --out {os.path.dirname(data)}`)")
-        from kernelbench_tasks.synth import generate_pairs
-        pairs, stats = generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
+        pairs, stats = synth.generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
                                       workers=cfg.eval_workers or None)
         print(f"synth: {stats}")
         write_jsonl(data, pairs)
@@ -879,7 +849,6 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
     t0 = time.perf_counter()
     sampler.eval()
     chunks, masks, texts = [], [], []
-    from tqdm import tqdm
     B = cfg.gen_batch_size
     starts = range(0, len(prompts), B)
     for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2):
@@ -924,7 +893,6 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
 
 def run_kernels(ev, refs, completions):
     """Harness results in order; an answer without a ```python block is a `format` failure without a harness call."""
-    from eval_harness import KernelResult, extract_code
     codes = [extract_code(c) for c in completions]
     done = iter(ev.map([(r, c) for r, c in zip(refs, codes) if c is not None]) if any(codes) else [])
     return [next(done) if c is not None else
@@ -1187,8 +1155,6 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
     each module in its own worker process). `why` names the first failed rule (None when valid): "format", "apis",
     "held_out", "in_pool" or "lint: <rule>" (eval_harness.LINT_RULES), so that a run's log says why its Proposer's
     modules are rejected; the examples say what the linter saw (the error of a module that "does not run")."""
-    from eval_harness import lint_rule
-    from kernelbench_tasks import catalog, held_out_hashes
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
     hashes, why, todo = [], [], []
     for code, apis in zip(codes, apis_per_code):
@@ -1231,8 +1197,6 @@ def repetition_penalty(hashes, valid):
 
 def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     """Propose modules, validate them, probe their difficulty with the Coder, reward and update the Proposer."""
-    from eval_harness import extract_code
-    from kernelbench_tasks import catalog
     rng, G = state["rng"], cfg.group_size_proposer
     focus(proposer, coder, cfg, device)
     frontier = cfg.proposer_mode == "frontier"
@@ -1297,13 +1261,11 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
 # Coder phase
 
 
-def seed_pool(cfg, harness_device):
+def starting_pool(cfg, harness_device):
     """Synthetic modules the Coder's pool starts with (kernelbench_tasks.synth; never the held-out levels)."""
     if cfg.seed_pool <= 0:
         return []
-    from kernelbench_tasks import catalog
-    from kernelbench_tasks.synth import generate_pairs
-    pairs, _ = generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
+    pairs, _ = synth.generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
     return [dict(src=p["module"], hash=catalog.normalized_source_hash(p["module"]), apis=list(p["apis"]), p=None,
                  round=-1) for p in pairs]
 
@@ -1484,7 +1446,6 @@ def plan(cfg, device):
 
 def main(cfg):
     """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR."""
-    from eval_harness import Evaluator
     device = resolve_device(cfg)
     harness_device = harness_device_for(cfg, device)
     os.makedirs(cfg.run_dir, exist_ok=True)
@@ -1512,7 +1473,7 @@ def main(cfg):
     else:
         open(metrics_path, "w").close()
         state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
-                     pool=seed_pool(cfg, harness_device))
+                     pool=starting_pool(cfg, harness_device))
     with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as held_out_ev:
         ev = held_out_ev.with_options(timing_budget_s=cfg.timing_budget_s)   # the probe and Coder phases
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
@@ -1686,7 +1647,6 @@ def held_out_eval(coder, cfg, ev, round_):
 
 def run_eval(cfg):
     """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR."""
-    from eval_harness import Evaluator
     device = resolve_device(cfg)
     harness_device = harness_device_for(cfg, device)
     print("config: " + json.dumps(dataclasses.asdict(cfg)))
@@ -1730,10 +1690,6 @@ def load_eval(path):
         levels = {f"level{data['config']['level']}": data["tasks"]}
     else:                 # held_out_eval: every eval level of a run
         levels = {k: v for k, v in data.items() if k.startswith("level")}
-    for level, tasks in levels.items():
-        if not all("sample_correct" in t for t in tasks.values()):
-            raise SystemExit(f"{path}: {level} keeps no per-sample verdicts (written by an older kernelzero.py): "
-                             "run the eval again")
     return levels
 
 
@@ -1794,11 +1750,8 @@ def self_distill(policy, cfg, ev, n_modules, samples, keep):
     ones (catalog.normalized_source_hash: comments, formatting and local names do not count) become pairs in the
     templated corpus's format, marked "source": "self". `keep` bounds how much the easiest modules weigh.
     """
-    from eval_harness import extract_code
-    from kernelbench_tasks import catalog
-    from kernelbench_tasks.synth import generate_pairs
     # seed + 2: other modules than the templated corpus (drawn with seed) and the RL seed pool (seed + 1)
-    modules, _ = generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
+    modules, _ = synth.generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
     prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
     refs = [m["module"] for m in modules for _ in range(samples)]
     times = {}
@@ -1826,7 +1779,6 @@ def run_distill(cfg):
     each, at most --distill-keep kept per module, written like `python -m kernelbench_tasks.synth --out RUN_DIR`:
     RUN_DIR/pairs.jsonl and RUN_DIR/stats.json. `--sft-data RUN_DIR/pairs.jsonl` then warm-starts from it;
     concatenate it with the templated corpus for a mix."""
-    from eval_harness import Evaluator
     if cfg.distill_keep < 1:
         raise SystemExit(f"--distill-keep {cfg.distill_keep}: keep at least 1 kernel per module")
     device = resolve_device(cfg)
