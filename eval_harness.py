@@ -122,7 +122,6 @@ Run it
   python eval_harness.py lint kernelbench_tasks/level1
 """
 from __future__ import annotations
-
 import argparse
 import ast
 import collections
@@ -154,6 +153,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Results and options
 
@@ -175,7 +175,6 @@ class KernelResult:
 
 # atol = rtol per output dtype, like KernelBench's current table; KernelBench v0/v0.1 used 1e-2 everywhere.
 TOLERANCES = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
-
 DEFAULTS = dict(
     trials=5,                # random-input trials, each with its own seed (+1 heavy-tailed trial for float inputs)
     atol=None, rtol=None,    # None: the TOLERANCES entry of the reference output's dtype
@@ -210,6 +209,7 @@ DEFAULTS = dict(
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )
+FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py's
 
 
 def _truncate(text: str, n: int = 1500) -> str:
@@ -406,11 +406,7 @@ def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Worker processes, parent side. Each pool starts one zygote with subprocess.Popen (not multiprocessing): its
-# environment (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__
-# (e.g. the trainer) is not re-imported. The zygote imports torch (and triton) once and then only forks: every
-# worker is a fresh os.fork() of it, so a worker starts in milliseconds instead of re-importing torch (~6 s of CPU
-# on the H200 machine, 16 workers booting at once), and no candidate has ever run in the state it starts from.
+# Worker processes, parent side: a zygote per pool forks one fresh worker per job
 
 _BOOT = "import sys; sys.path.insert(0, {here!r}); import eval_harness; eval_harness._zygote_main(int(sys.argv[1]))"
 
@@ -564,6 +560,26 @@ class _Pool:
                 self.zygote = None
 
 
+def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
+    """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
+    running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
+    env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if device == "cpu":
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", KZ_MEMORY_LIMIT_GB=str(opts["memory_limit_gb"]))
+    else:
+        env.pop("TRITON_INTERPRET", None)
+        if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sharing a GPU and memory between workers: the timing gate, memory admission
+
 class _Gate:
     """One GPU's timing gate. Any number of holders may check correctness on the GPU at once ("shared"), but a worker
     that times holds it alone ("exclusive"), so no other process's kernels run during its timing reps. A waiting
@@ -615,6 +631,24 @@ class _Gate:
             self.cond.notify_all()
 
 
+def _gpu_lock_path(gpu: int) -> str | None:
+    """The machine-wide lock file of GPU `gpu` (an index into this process's visible devices), named by the GPU's
+    UUID so that processes with different CUDA_VISIBLE_DEVICES agree; under $KZ_CACHE_DIR (default
+    ~/.cache/kernelzero), i.e. per user. None where no lock file can be made (then the gate is per process)."""
+    uuid = getattr(torch.cuda.get_device_properties(gpu), "uuid", None)
+    name = str(uuid) if uuid is not None else f"index{gpu}"
+    from cuda_ext.build import cache_root
+    path = os.path.join(cache_root(), "gpu-locks", f"gpu-{name}.lock")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"), open(path + ".turnstile", "a"):
+            pass
+    except OSError as e:
+        warnings.warn(f"no GPU lock file ({e}): timing is exclusive among this process's candidates only")
+        return None
+    return path
+
+
 class _Memory:
     """Admission by bytes, host and per GPU: the harness never runs more evaluations at once than memory holds.
 
@@ -664,23 +698,8 @@ def _host_available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _gpu_lock_path(gpu: int) -> str | None:
-    """The machine-wide lock file of GPU `gpu` (an index into this process's visible devices), named by the GPU's
-    UUID so that processes with different CUDA_VISIBLE_DEVICES agree; under $KZ_CACHE_DIR (default
-    ~/.cache/kernelzero), i.e. per user. None where no lock file can be made (then the gate is per process)."""
-    uuid = getattr(torch.cuda.get_device_properties(gpu), "uuid", None)
-    name = str(uuid) if uuid is not None else f"index{gpu}"
-    from cuda_ext.build import cache_root
-    path = os.path.join(cache_root(), "gpu-locks", f"gpu-{name}.lock")
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a"), open(path + ".turnstile", "a"):
-            pass
-    except OSError as e:
-        warnings.warn(f"no GPU lock file ({e}): timing is exclusive among this process's candidates only")
-        return None
-    return path
-
+# ---------------------------------------------------------------------------------------------------------------------
+# Running one job (parent side): phases, time limits, GPU turns, memory
 
 def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None, memory: _Memory | None = None,
              gpu: int | None = None) -> dict:
@@ -774,25 +793,8 @@ def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None
             memory.release(granted)
 
 
-def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
-    """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
-    running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
-    env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    if device == "cpu":
-        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", KZ_MEMORY_LIMIT_GB=str(opts["memory_limit_gb"]))
-    else:
-        env.pop("TRITON_INTERPRET", None)
-        if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
-    return env
-
-
 # ---------------------------------------------------------------------------------------------------------------------
-# Inside the worker: entry point, module loading, instrumentation (build patch, launch counter, op recorder, snapshot)
+# Inside the worker: start-up (zygote, worker, warm-up) and the GPU turn
 
 def _zygote_imports() -> None:
     """What a zygote does once for all its workers: the imports and first uses that cost seconds. Nothing here may
@@ -811,6 +813,29 @@ def _zygote_imports() -> None:
         import triton.runtime.autotuner  # noqa: F401
         if os.environ.get("KZ_TRITON_ARCH"):
             _warm_up_triton_compiler(int(os.environ["KZ_TRITON_ARCH"]))
+
+
+def _warm_up_triton_compiler(arch: int) -> bool:
+    """Compile one tiny kernel for GPU architecture `arch` (e.g. 90) without touching the driver: the compiler's
+    one-time start-up (MLIR and LLVM set-up, ptxas found and run) then happens once in the zygote instead of in every
+    worker (~1 s of CPU each; a forked child's next compile took 0.07 s on a CPU box). It starts no thread, so the
+    zygote stays safe to fork. A failure here only costs the time it would have saved (returns False)."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def _kz_zygote(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    try:
+        src = ASTSource(fn=_kz_zygote, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                        constexprs={"BLOCK": 16})
+        return "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
+    except Exception:
+        return False
 
 
 def _zygote_main(fd: int) -> None:
@@ -863,29 +888,6 @@ def _zygote_main(fd: int) -> None:
             if pid not in exited:
                 unreaped.add(pid)
             conn.send(exited.pop(pid, None))
-
-
-def _warm_up_triton_compiler(arch: int) -> bool:
-    """Compile one tiny kernel for GPU architecture `arch` (e.g. 90) without touching the driver: the compiler's
-    one-time start-up (MLIR and LLVM set-up, ptxas found and run) then happens once in the zygote instead of in every
-    worker (~1 s of CPU each; a forked child's next compile took 0.07 s on a CPU box). It starts no thread, so the
-    zygote stays safe to fork. A failure here only costs the time it would have saved (returns False)."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def _kz_zygote(x_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
-
-    try:
-        src = ASTSource(fn=_kz_zygote, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-                        constexprs={"BLOCK": 16})
-        return "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
-    except Exception:
-        return False
 
 
 def _worker_main(fd: int) -> None:
@@ -966,6 +968,13 @@ def _warm_up_gpu_worker(backend: str) -> None:
             max_shared_mem(torch.cuda.current_device())
 
 
+def _die_with_parent(parent: int) -> None:
+    """If the caller dies (Ctrl-C, kill -9), take the process group down instead of leaving a hung candidate."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(0, signal.SIGKILL)
+
+
 def _gpu_turn(conn: Connection, mode: str) -> None:
     """Ask the parent for this worker's GPU, "shared" (correctness checks) or "exclusive" (timing), and wait until it
     is granted (see _Gate). Asked in CPU mode too, where it is granted at once."""
@@ -979,13 +988,6 @@ def _pass_turn(conn: Connection, device: str, mode: str = "shared") -> None:
     if device == "cuda":
         torch.cuda.synchronize()   # our kernels finish before another worker may time
     _gpu_turn(conn, mode)
-
-
-def _die_with_parent(parent: int) -> None:
-    """If the caller dies (Ctrl-C, kill -9), take the process group down instead of leaving a hung candidate."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os.killpg(0, signal.SIGKILL)
 
 
 def _format_exception(e: BaseException) -> str:
@@ -1003,6 +1005,72 @@ def _classify(e: BaseException) -> str:
     return "crash" if _CUDA_FATAL.search(str(e)) else "runtime"
 
 
+def _fail(kind: str, error: str, details: dict, check: str | None = None, **fields) -> dict:
+    """A worker verdict; `check` names the check that fired (always set for reward_hack)."""
+    if check:
+        details["check"] = check
+        details["checks_fired"] = details.get("checks_fired", []) + [check]
+    return {"error_kind": kind, "error": error, "details": details, **fields}
+
+
+def _since(clock: float) -> float:
+    """Seconds since `clock` (time.monotonic()), for the per-stage times in details (ref_inputs_s, timing_s, ...)."""
+    return round(time.monotonic() - clock, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker: small tensor helpers
+
+def _is_float(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def _tensors(out) -> list:
+    return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def _to_device(xs: list, device) -> list:
+    return [x.to(device, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _nbytes(xs) -> int:
+    return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of t. From the GPU into page-locked memory when it is at most 1 GB: a 256 MB output copies in
+    ~10 ms instead of the ~230 ms of pageable memory (H200), and a task's 6 trials copy theirs per candidate."""
+    t = t.detach()
+    if t.is_cuda and t.nbytes <= 2**30:
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+    return t.to("cpu", copy=True)
+
+
+def _copy_out(out, where="cpu"):
+    """A detached copy of a model's output (a tensor or a tuple/list of tensors) on `where`: the host (page-locked,
+    _host_copy) or a device."""
+    copy = _host_copy if str(where) == "cpu" else (lambda t: t.detach().to(where, copy=True))
+    if isinstance(out, torch.Tensor):
+        return copy(out)
+    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
+        return type(out)(copy(t) for t in out)
+    raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
+
+
+def _same(a, b) -> bool:
+    """Bit-for-bit equality (NaN equal to NaN) for inputs before/after a call."""
+    if not isinstance(a, torch.Tensor):
+        return a == b if not isinstance(b, torch.Tensor) else False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    b = b.to(a.device)
+    if torch.equal(a, b):   # the common case first: no NaN-mask temporaries of a 256 MB input
+        return True
+    if not a.is_floating_point():
+        return False
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
 def _load_module(src: str, name: str):
     """Import source from a real file (Triton reads kernel source with inspect) as its own module."""
     path = os.path.abspath(f"{name}.py")   # cwd is the worker's private temp dir
@@ -1014,6 +1082,302 @@ def _load_module(src: str, name: str):
     spec.loader.exec_module(module)
     return module
 
+
+def _build_model(cls, init_inputs: list, device, opts: dict):
+    """The reference's Model or the candidate's ModelNew, built after the same seed: same initial parameters, as in
+    KernelBench."""
+    torch.manual_seed(opts["seed"])
+    model = cls(*init_inputs).to(device)
+    return model.to(getattr(torch, opts["dtype"])) if opts["dtype"] else model
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker: evaluating one candidate, five stages in order
+
+class _Evaluation:
+    """What one candidate's evaluation carries from stage to stage (_job_evaluate)."""
+
+    def __init__(self, job: dict, conn: Connection):
+        self.job, self.conn = job, conn
+        self.device, self.opts = torch.device(job["device"]), job["opts"]
+        self.details = {"checks_fired": []}
+        self.turn = "exclusive" if job.get("alone") else "shared"   # exclusive: a rerun after an out-of-memory
+        self.ref = self.init_inputs = self.ref_model = self.ref_ms = None      # stage 1
+        self.trials, self.ref_mutates, self.atol, self.rtol = [], False, None, None
+        self.cand = self.instr = self.compile_s = None                          # stage 2
+        self.cand_model = None                                                   # stage 3
+        self.timing = {}   # runtime_ms, ref_runtime_ms, speedup                 # stage 5
+
+    def failed(self, kind: str, error: str, check: str | None = None) -> dict:
+        """A verdict once the candidate has imported."""
+        return _fail(kind, error, self.details, check, compiled=True, compile_s=self.compile_s)
+
+
+def _job_evaluate(job: dict, conn: Connection) -> dict:
+    """One candidate's verdict. Each stage returns a failed verdict, or None to go on to the next one."""
+    ev = _Evaluation(job, conn)
+    for stage in (_load_reference, _build_candidate, _check_correctness, _check_coverage, _time_candidate):
+        verdict = stage(ev)
+        if verdict is not None:
+            return verdict
+    return {"error_kind": "ok", "error": "", "compiled": True, "compile_s": ev.compile_s, "details": ev.details,
+            **ev.timing}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stage 1: the reference's trials (inputs and outputs), made before the candidate exists
+
+def _input_bytes_on_meta(ref, opts: dict) -> int | None:
+    """Bytes of one trial's inputs, from get_inputs() run on the meta device (no data is made); None if it cannot
+    run there (e.g. it calls .cuda() or names a device)."""
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            inputs = list(ref.get_inputs())
+        if not all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)):
+            return None
+        size = 2 if opts["dtype"] in ("float16", "bfloat16") else None
+        return sum(x.numel() * (size if size and x.is_floating_point() else x.element_size())
+                   for x in inputs if isinstance(x, torch.Tensor))
+    except Exception:
+        return None
+
+
+def _memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
+                 inputs_on_device: bool = False, stored: int | None = None) -> tuple[int, int]:
+    """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
+    stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
+    temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
+    their reference outputs. `stored`: bytes of trials already made (a shared reference: no temporaries). Unknown
+    sizes (None) are taken as max_trial_gb."""
+    cap = opts["max_trial_gb"] * 2**30
+    if per_input is None:
+        per_input = per_output = cap / 4
+    per_output = per_input if per_output is None else per_output
+    one = per_input + per_output
+    if stored is None:
+        n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
+        made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
+    else:
+        made, host = 0, stored
+    on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
+                                            # graphs' captured inputs and outputs, L2 flush
+    if stored is None:   # made here: on the device or on the host
+        on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)
+    return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
+
+
+def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
+    """Wait until the parent admits this job's memory (_Memory); granted at once without a budget."""
+    details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
+    conn.send(("mem", host, device))
+    conn.recv()
+
+
+_RESERVE_CAP = 2**30   # a round's tasks fit (256 MB inputs); beyond it a task's kernels take long enough that an
+
+
+#                        allocation's cost is noise, and the poison fills what is reserved before every call
+
+
+def _reserve_device_memory(nbytes: int, details: dict) -> None:
+    """Put the job's admitted device bytes (at most _RESERVE_CAP) in the caching allocator as one free block: one
+    cudaMalloc, where a fresh process otherwise makes one for each new tensor size. (A worker profile of the round
+    batch, H200, 8 workers, 2026-12-04: 16 s summed in 924 torch.randn calls of the trial inputs and 18 s in
+    torch.empty, new segments as we read it; not measured since.) The block is free memory of this process like any
+    other: the allocator poison NaN-fills it before every candidate call. No kernel runs: no GPU turn needed."""
+    try:
+        block = torch.empty(min(nbytes, _RESERVE_CAP), dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError:   # (only a saving: the job allocates as it goes instead)
+        return
+    details["reserved_mb"] = round(block.numel() / 2**20)
+    del block
+
+
+def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[list, bool]]:
+    """(inputs, heavy) for every trial, made before the reference runs: `trials` draws of get_inputs() and a last,
+    heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). `device`: factory calls without an
+    explicit device (torch.randn, rand, randint, ...) make their tensors there; None: on the host, which is CPU work,
+    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator."""
+    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
+    n, out = opts["trials"], []
+    for t in range(n + 1):
+        heavy = t == n
+        torch.manual_seed(opts["seed"] + 1 + t)
+        try:
+            with torch.device(device) if device is not None else contextlib.nullcontext():
+                inputs = list(ref.get_inputs())
+        except Exception as e:   # e.g. a CPU torch.Generator passed to a factory: make them all on the host
+            if device is None or t:
+                raise
+            details["inputs_on_device_failed"] = _truncate(_format_exception(e), 300)
+            return _trial_inputs(ref, opts, details)
+        inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in inputs]
+        if heavy:
+            if not any(_is_float(x) for x in inputs):
+                break
+            inputs = [x * torch.exp(torch.randn_like(x)) if _is_float(x) else x for x in inputs]
+        out.append((inputs, heavy))
+        if t == 0:   # official KernelBench inputs reach GBs: keep the host copies bounded (outputs: _make_trials)
+            n = _cap_trials(n, _nbytes(inputs), opts, details)
+    return out
+
+
+def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
+    fit = int(opts["max_trial_gb"] * 2**30 // max(per_trial, 1)) - 1   # - 1: the heavy trial
+    if fit < n:
+        n = max(1, fit)
+        details["trials_capped"] = n
+    return n
+
+
+_FINGERPRINT_CHUNK = 2**24   # words per step: bounds the int64 temporaries (~400 MB) of a multi-GB output
+_FINGERPRINT_PRIME = 2**31 - 1
+
+
+def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
+    """A keyed checksum of each tensor's bytes, computed where it lives: sum over words w_i of w_i * ((a*i + b) mod p)
+    in wrapping int64 arithmetic (order-independent, so deterministic on the GPU), a and b drawn from `key`. Changing
+    any word changes it unless the change was made to cancel out under weights the candidate does not know. The
+    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a 256 MB output is
+    copied in 0.2 ms on the device instead of paying ~0.15 s of page-locked host memory per trial."""
+    a, b = key % (_FINGERPRINT_PRIME - 1) + 1, (key >> 32) % _FINGERPRINT_PRIME
+    sums = []
+    for t in _tensors(out):
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
+        total = torch.zeros((), dtype=torch.int64, device=t.device)
+        for i in range(0, words.numel(), _FINGERPRINT_CHUNK):
+            w = words[i:i + _FINGERPRINT_CHUNK].to(torch.int64)
+            weight = (torch.arange(i, i + w.numel(), dtype=torch.int64, device=t.device) * a + b) % _FINGERPRINT_PRIME
+            total += (w * weight).sum()
+        sums.append(total)   # (left on the device: the caller reads many at once, _host_ints)
+    return sums
+
+
+def _host_ints(scalars: list[torch.Tensor]) -> list[int]:
+    """Device scalars to Python ints with one host sync (_compare says why that matters)."""
+    return torch.stack(scalars).tolist() if scalars else []
+
+
+def _outputs_intact(trials: list) -> bool:
+    """Whether every reference output kept on the GPU still has the fingerprint it had when it was made (a kernel
+    can write anywhere in its process's GPU memory, and an output rewritten to match the candidate's would pass the
+    comparison). Host-kept outputs have none: no kernel reaches them."""
+    kept = [tr for tr in trials if "fp" in tr]
+    sums = _host_ints([s for tr in kept for s in _fingerprint_sums(tr["out"], tr["fp"][0])])
+    return sums == [v for tr in kept for v in tr["fp"][1]]
+
+
+def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
+                 between=None) -> tuple[list, bool]:
+    """Reference outputs for every (inputs, heavy) draw of _trial_inputs, computed before the candidate exists; inputs
+    and outputs kept on `store` (the GPU when the inputs were made there). Skips normal draws once inputs and outputs
+    together would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials,
+    whether the reference mutates its inputs). Outputs kept on the GPU get a fingerprint (trial["fp"]): a
+    candidate's kernel can write to any device address in its process (an out-of-bounds store finds the caching
+    allocator's other blocks), so _outputs_intact checks them before a verdict stands; rewriting stored inputs only
+    makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
+    waiting timer gets the GPU there)."""
+    key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
+    trials, mutates, pending = [], False, []   # pending: (trial, its fingerprint sums still on the device)
+    allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
+    for i, (inputs, heavy) in enumerate(draws):
+        if not heavy and len(trials) >= allowed:
+            continue
+        if i and between is not None:
+            between()
+        args = _to_device(inputs, device)
+        with torch.no_grad():
+            produced = ref_model(*args)
+        out = _copy_out(produced, store)
+        finite = not heavy or all(bool(torch.isfinite(o).all()) for o in _tensors(produced) if o.is_floating_point())
+        mutates |= not all(_same(a, x) for a, x in zip(args, inputs))   # (checked where made: no host-side scan)
+        del args, produced
+        if not finite:
+            details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
+            break
+        trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
+                       "out": out, "heavy": heavy})
+        if any(t.is_cuda for t in _tensors(out)):
+            pending.append((trials[-1], _fingerprint_sums(out, key)))
+        if len(trials) == 1:
+            allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
+    sums = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums]))   # (one host sync for them all)
+    for trial, trial_sums in pending:   # on the host before the candidate exists: out of its kernels' reach
+        trial["fp"] = (key, [next(sums) for _ in trial_sums])
+    details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
+    return trials, mutates
+
+
+def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
+    """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
+    Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
+    check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
+    inputs_on_device the inputs are made on the GPU inside the turn (milliseconds) and stay there
+    (details["trials_on"]); on the host they are made before the turn (CPU work, ~1.6 s for a 256 MB task, and a
+    timer waits for every holder). A reference that mentions cuda may put them on the GPU itself: turn first."""
+    device, opts = torch.device(job["device"]), job["opts"]
+    on_device = device.type == "cuda" and opts["inputs_on_device"]
+    mentions_cuda = "cuda" in job["ref_src"]
+    clock = time.monotonic()
+    ref = _load_module(job["ref_src"], "kz_reference")
+    del sys.modules["kz_reference"]   # the candidate cannot find it by name
+    per_input = None if mentions_cuda else _input_bytes_on_meta(ref, opts)   # (meta: no device may be named)
+    host_bytes, device_bytes = _memory_need(per_input, per_input, opts, device.type, on_device)
+    _ask_memory(conn, host_bytes, device_bytes, details)
+    if device.type == "cuda":
+        _reserve_device_memory(device_bytes, details)
+    if on_device or mentions_cuda:
+        _gpu_turn(conn, turn)
+    init_inputs = ref.get_init_inputs()
+    draws = _trial_inputs(ref, opts, details, device if on_device else None)
+    details["ref_inputs_s"] = _since(clock)
+    if not (on_device or mentions_cuda):
+        _gpu_turn(conn, turn)
+    clock = time.monotonic()
+    ref_model = _build_model(ref.Model, init_inputs, device, opts)
+    # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
+    between = (lambda: _pass_turn(conn, device.type)) if turn == "shared" else None
+    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
+                                       between)
+    details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
+    return ref, init_inputs, ref_model, trials, ref_mutates
+
+
+def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
+    names = [str(t.dtype).removeprefix("torch.") for t in _tensors(ref_out) if t.is_floating_point()]
+    default = max([TOLERANCES.get(name, 1e-4) for name in names] or [1e-4])
+    return (default if opts["atol"] is None else opts["atol"]), (default if opts["rtol"] is None else opts["rtol"])
+
+
+def _load_reference(ev: _Evaluation) -> dict | None:
+    """Stage 1: the task's trials and reference outputs, before any candidate code exists in this process: made here
+    (_reference), or received from the parent (a task's candidates in one map call share one reference job's trials
+    and eager timing, _job_reference)."""
+    job, conn, details = ev.job, ev.conn, ev.details
+    conn.send(("phase", "reference"))
+    try:
+        if "pack" in job:
+            ev.ref, ev.init_inputs, ev.trials, ev.ref_mutates = _receive_reference(job, conn, details)
+            _gpu_turn(conn, ev.turn)
+            ev.ref_model, ev.ref_ms = None, job["pack"]["ref_ms"]
+            if not ev.ref_ms and ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved
+                ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, ev.device, ev.opts)
+        else:
+            ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
+            ev.ref_ms = None
+    except Exception as e:
+        details["stage"] = "reference"
+        return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
+    details["ref_mutates_inputs"] = ev.ref_mutates
+    ev.atol, ev.rtol = _tolerance(ev.trials[0]["out"], ev.opts)
+    details.update(atol=ev.atol, rtol=ev.rtol)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stage 2: the instrumentation, then the candidate's import
 
 _GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forward counts as a PyTorch fallback
     # allocation and fills
@@ -1264,191 +1628,42 @@ def _poison_cuda_allocator() -> None:
     del held   # back to the cache, NaN-filled
 
 
+def _import_candidate(job: dict, send, details: dict) -> tuple:
+    """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
+    instr = _Instrumentation(job["backend"], job["device"], "kz_candidate")   # harness time: before the clock starts
+    send(("phase", "compile"))
+    start = time.perf_counter()
+    try:
+        cand = _load_module(job["cand_src"], "kz_candidate")
+    except SystemExit as e:
+        return None, instr, _fail("compile", f"the candidate called sys.exit({e.code}) at import", details)
+    except Exception as e:
+        return None, instr, _fail(_classify(e) if _classify(e) == "crash" else "compile", _format_exception(e), details)
+    compile_s = time.perf_counter() - start
+    if instr.builds:
+        details["builds"] = [b.get("how") for b in instr.builds]
+    if not isinstance(getattr(cand, "ModelNew", None), type):
+        return None, instr, _fail("format", "the candidate defines no class ModelNew", details, compiled=True)
+    hit = instr.verify()
+    if hit:
+        return None, instr, _fail("reward_hack", hit[1], details, hit[0], compiled=True, compile_s=compile_s)
+    return cand, instr, {"compile_s": compile_s}
+
+
+def _build_candidate(ev: _Evaluation) -> dict | None:
+    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here)."""
+    ev.cand, ev.instr, info = _import_candidate(ev.job, ev.conn.send, ev.details)
+    if ev.cand is None:
+        return info
+    ev.compile_s = info["compile_s"]
+    ev.conn.send(("phase", "run"))
+    if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
+        ev.instr.turn = ev.conn
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------------------
-# Inside the worker: tensors, trials and comparisons
-
-def _is_float(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_floating_point()
-
-
-def _tensors(out) -> list:
-    return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
-
-
-def _to_device(xs: list, device) -> list:
-    return [x.to(device, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of t. From the GPU into page-locked memory when it is at most 1 GB: a 256 MB output copies in
-    ~10 ms instead of the ~230 ms of pageable memory (H200), and a task's 6 trials copy theirs per candidate."""
-    t = t.detach()
-    if t.is_cuda and t.nbytes <= 2**30:
-        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
-    return t.to("cpu", copy=True)
-
-
-def _copy_out(out, where="cpu"):
-    """A detached copy of a model's output (a tensor or a tuple/list of tensors) on `where`: the host (page-locked,
-    _host_copy) or a device."""
-    copy = _host_copy if str(where) == "cpu" else (lambda t: t.detach().to(where, copy=True))
-    if isinstance(out, torch.Tensor):
-        return copy(out)
-    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
-        return type(out)(copy(t) for t in out)
-    raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
-
-
-_FINGERPRINT_CHUNK = 2**24   # words per step: bounds the int64 temporaries (~400 MB) of a multi-GB output
-_FINGERPRINT_PRIME = 2**31 - 1
-
-
-def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
-    """A keyed checksum of each tensor's bytes, computed where it lives: sum over words w_i of w_i * ((a*i + b) mod p)
-    in wrapping int64 arithmetic (order-independent, so deterministic on the GPU), a and b drawn from `key`. Changing
-    any word changes it unless the change was made to cancel out under weights the candidate does not know. The
-    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a 256 MB output is
-    copied in 0.2 ms on the device instead of paying ~0.15 s of page-locked host memory per trial."""
-    a, b = key % (_FINGERPRINT_PRIME - 1) + 1, (key >> 32) % _FINGERPRINT_PRIME
-    sums = []
-    for t in _tensors(out):
-        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
-        total = torch.zeros((), dtype=torch.int64, device=t.device)
-        for i in range(0, words.numel(), _FINGERPRINT_CHUNK):
-            w = words[i:i + _FINGERPRINT_CHUNK].to(torch.int64)
-            weight = (torch.arange(i, i + w.numel(), dtype=torch.int64, device=t.device) * a + b) % _FINGERPRINT_PRIME
-            total += (w * weight).sum()
-        sums.append(total)   # (left on the device: the caller reads many at once, _host_ints)
-    return sums
-
-
-def _host_ints(scalars: list[torch.Tensor]) -> list[int]:
-    """Device scalars to Python ints with one host sync (_compare says why that matters)."""
-    return torch.stack(scalars).tolist() if scalars else []
-
-
-def _outputs_intact(trials: list) -> bool:
-    """Whether every reference output kept on the GPU still has the fingerprint it had when it was made (a kernel
-    can write anywhere in its process's GPU memory, and an output rewritten to match the candidate's would pass the
-    comparison). Host-kept outputs have none: no kernel reaches them."""
-    kept = [tr for tr in trials if "fp" in tr]
-    sums = _host_ints([s for tr in kept for s in _fingerprint_sums(tr["out"], tr["fp"][0])])
-    return sums == [v for tr in kept for v in tr["fp"][1]]
-
-
-def _repeatable(a, b) -> bool:
-    """Two runs of a task on the same inputs agree: bit for bit, or for floats within a tenth of the candidates'
-    tolerance (a CPU GEMM's first and second calls can differ by 5e-6 relative: 023_LinearSiluLogSumExp on the
-    2-core box; such noise cannot flip a verdict, while randomness differs by O(1))."""
-    if _same(a, b):
-        return True
-    tol = TOLERANCES.get(str(a.dtype).removeprefix("torch."), 1e-4) / 10 if a.is_floating_point() else None
-    return tol is not None and a.shape == b.shape and torch.allclose(a, b.to(a.device), rtol=tol, atol=tol,
-                                                                     equal_nan=True)
-
-
-def _same(a, b) -> bool:
-    """Bit-for-bit equality (NaN equal to NaN) for inputs before/after a call."""
-    if not isinstance(a, torch.Tensor):
-        return a == b if not isinstance(b, torch.Tensor) else False
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    b = b.to(a.device)
-    if torch.equal(a, b):   # the common case first: no NaN-mask temporaries of a 256 MB input
-        return True
-    if not a.is_floating_point():
-        return False
-    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
-
-
-def _nbytes(xs) -> int:
-    return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
-
-
-def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[list, bool]]:
-    """(inputs, heavy) for every trial, made before the reference runs: `trials` draws of get_inputs() and a last,
-    heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). `device`: factory calls without an
-    explicit device (torch.randn, rand, randint, ...) make their tensors there; None: on the host, which is CPU work,
-    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator."""
-    dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
-    n, out = opts["trials"], []
-    for t in range(n + 1):
-        heavy = t == n
-        torch.manual_seed(opts["seed"] + 1 + t)
-        try:
-            with torch.device(device) if device is not None else contextlib.nullcontext():
-                inputs = list(ref.get_inputs())
-        except Exception as e:   # e.g. a CPU torch.Generator passed to a factory: make them all on the host
-            if device is None or t:
-                raise
-            details["inputs_on_device_failed"] = _truncate(_format_exception(e), 300)
-            return _trial_inputs(ref, opts, details)
-        inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in inputs]
-        if heavy:
-            if not any(_is_float(x) for x in inputs):
-                break
-            inputs = [x * torch.exp(torch.randn_like(x)) if _is_float(x) else x for x in inputs]
-        out.append((inputs, heavy))
-        if t == 0:   # official KernelBench inputs reach GBs: keep the host copies bounded (outputs: _make_trials)
-            n = _cap_trials(n, _nbytes(inputs), opts, details)
-    return out
-
-
-def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
-    fit = int(opts["max_trial_gb"] * 2**30 // max(per_trial, 1)) - 1   # - 1: the heavy trial
-    if fit < n:
-        n = max(1, fit)
-        details["trials_capped"] = n
-    return n
-
-
-def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
-                 between=None) -> tuple[list, bool]:
-    """Reference outputs for every (inputs, heavy) draw of _trial_inputs, computed before the candidate exists; inputs
-    and outputs kept on `store` (the GPU when the inputs were made there). Skips normal draws once inputs and outputs
-    together would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials,
-    whether the reference mutates its inputs). Outputs kept on the GPU get a fingerprint (trial["fp"]): a
-    candidate's kernel can write to any device address in its process (an out-of-bounds store finds the caching
-    allocator's other blocks), so _outputs_intact checks them before a verdict stands; rewriting stored inputs only
-    makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
-    waiting timer gets the GPU there)."""
-    key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
-    trials, mutates, pending = [], False, []   # pending: (trial, its fingerprint sums still on the device)
-    allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
-    for i, (inputs, heavy) in enumerate(draws):
-        if not heavy and len(trials) >= allowed:
-            continue
-        if i and between is not None:
-            between()
-        args = _to_device(inputs, device)
-        with torch.no_grad():
-            produced = ref_model(*args)
-        out = _copy_out(produced, store)
-        finite = not heavy or all(bool(torch.isfinite(o).all()) for o in _tensors(produced) if o.is_floating_point())
-        mutates |= not all(_same(a, x) for a, x in zip(args, inputs))   # (checked where made: no host-side scan)
-        del args, produced
-        if not finite:
-            details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
-            break
-        trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
-                       "out": out, "heavy": heavy})
-        if any(t.is_cuda for t in _tensors(out)):
-            pending.append((trials[-1], _fingerprint_sums(out, key)))
-        if len(trials) == 1:
-            allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
-    sums = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums]))   # (one host sync for them all)
-    for trial, trial_sums in pending:   # on the host before the candidate exists: out of its kernels' reach
-        trial["fp"] = (key, [next(sums) for _ in trial_sums])
-    details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
-    return trials, mutates
-
-
-def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
-    names = [str(t.dtype).removeprefix("torch.") for t in _tensors(ref_out) if t.is_floating_point()]
-    default = max([TOLERANCES.get(name, 1e-4) for name in names] or [1e-4])
-    return (default if opts["atol"] is None else opts["atol"]), (default if opts["rtol"] is None else opts["rtol"])
-
+# Stage 3: correctness trials
 
 def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None, str | None, str, dict]:
     """(error_kind or None, check or None, message, stats) for a candidate output against the reference output."""
@@ -1498,126 +1713,15 @@ def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None
     return None, None, "", stats
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Inside the worker: the jobs
-
-def _fail(kind: str, error: str, details: dict, check: str | None = None, **fields) -> dict:
-    """A worker verdict; `check` names the check that fired (always set for reward_hack)."""
-    if check:
-        details["check"] = check
-        details["checks_fired"] = details.get("checks_fired", []) + [check]
-    return {"error_kind": kind, "error": error, "details": details, **fields}
+def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
+    """The heavy-tailed trial's outputs are larger; scale atol by how much (keeps the same relative demand)."""
+    if not trial["heavy"]:
+        return atol, rtol
+    mean_abs = lambda out: sum(float(t.float().abs().mean()) for t in _tensors(out) if t.numel()) or 1.0  # noqa: E731
+    return atol * max(1.0, mean_abs(trial["out"]) / mean_abs(trials[0]["out"])), rtol
 
 
-def _import_candidate(job: dict, send, details: dict) -> tuple:
-    """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
-    instr = _Instrumentation(job["backend"], job["device"], "kz_candidate")   # harness time: before the clock starts
-    send(("phase", "compile"))
-    start = time.perf_counter()
-    try:
-        cand = _load_module(job["cand_src"], "kz_candidate")
-    except SystemExit as e:
-        return None, instr, _fail("compile", f"the candidate called sys.exit({e.code}) at import", details)
-    except Exception as e:
-        return None, instr, _fail(_classify(e) if _classify(e) == "crash" else "compile", _format_exception(e), details)
-    compile_s = time.perf_counter() - start
-    if instr.builds:
-        details["builds"] = [b.get("how") for b in instr.builds]
-    if not isinstance(getattr(cand, "ModelNew", None), type):
-        return None, instr, _fail("format", "the candidate defines no class ModelNew", details, compiled=True)
-    hit = instr.verify()
-    if hit:
-        return None, instr, _fail("reward_hack", hit[1], details, hit[0], compiled=True, compile_s=compile_s)
-    return cand, instr, {"compile_s": compile_s}
-
-
-def _job_compile(job: dict, conn: Connection) -> dict:
-    """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
-    details = {}
-    cand, instr, info = _import_candidate(job, conn.send, details)
-    if cand is None:
-        return info
-    return {"error_kind": "ok", "compiled": True, "compile_s": info["compile_s"], "details": details}
-
-
-def _since(clock: float) -> float:
-    """Seconds since `clock` (time.monotonic()), for the per-stage times in details (ref_inputs_s, timing_s, ...)."""
-    return round(time.monotonic() - clock, 3)
-
-
-def _build_model(cls, init_inputs: list, device, opts: dict):
-    """The reference's Model or the candidate's ModelNew, built after the same seed: same initial parameters, as in
-    KernelBench."""
-    torch.manual_seed(opts["seed"])
-    model = cls(*init_inputs).to(device)
-    return model.to(getattr(torch, opts["dtype"])) if opts["dtype"] else model
-
-
-class _Evaluation:
-    """What one candidate's evaluation carries from stage to stage (_job_evaluate)."""
-
-    def __init__(self, job: dict, conn: Connection):
-        self.job, self.conn = job, conn
-        self.device, self.opts = torch.device(job["device"]), job["opts"]
-        self.details = {"checks_fired": []}
-        self.turn = "exclusive" if job.get("alone") else "shared"   # exclusive: a rerun after an out-of-memory
-        self.ref = self.init_inputs = self.ref_model = self.ref_ms = None      # stage 1
-        self.trials, self.ref_mutates, self.atol, self.rtol = [], False, None, None
-        self.cand = self.instr = self.compile_s = None                          # stage 2
-        self.cand_model = None                                                   # stage 3
-        self.timing = {}   # runtime_ms, ref_runtime_ms, speedup                 # stage 5
-
-    def failed(self, kind: str, error: str, check: str | None = None) -> dict:
-        """A verdict once the candidate has imported."""
-        return _fail(kind, error, self.details, check, compiled=True, compile_s=self.compile_s)
-
-
-def _job_evaluate(job: dict, conn: Connection) -> dict:
-    """One candidate's verdict. Each stage returns a failed verdict, or None to go on to the next one."""
-    ev = _Evaluation(job, conn)
-    for stage in (_load_reference, _build_candidate, _check_correctness, _check_coverage, _time_candidate):
-        verdict = stage(ev)
-        if verdict is not None:
-            return verdict
-    return {"error_kind": "ok", "error": "", "compiled": True, "compile_s": ev.compile_s, "details": ev.details,
-            **ev.timing}
-
-
-def _load_reference(ev: _Evaluation) -> dict | None:
-    """Stage 1: the task's trials and reference outputs, before any candidate code exists in this process: made here
-    (_reference), or received from the parent (a task's candidates in one map call share one reference job's trials
-    and eager timing, _job_reference)."""
-    job, conn, details = ev.job, ev.conn, ev.details
-    conn.send(("phase", "reference"))
-    try:
-        if "pack" in job:
-            ev.ref, ev.init_inputs, ev.trials, ev.ref_mutates = _receive_reference(job, conn, details)
-            _gpu_turn(conn, ev.turn)
-            ev.ref_model, ev.ref_ms = None, job["pack"]["ref_ms"]
-            if not ev.ref_ms and ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved
-                ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, ev.device, ev.opts)
-        else:
-            ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
-            ev.ref_ms = None
-    except Exception as e:
-        details["stage"] = "reference"
-        return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
-    details["ref_mutates_inputs"] = ev.ref_mutates
-    ev.atol, ev.rtol = _tolerance(ev.trials[0]["out"], ev.opts)
-    details.update(atol=ev.atol, rtol=ev.rtol)
-    return None
-
-
-def _build_candidate(ev: _Evaluation) -> dict | None:
-    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here)."""
-    ev.cand, ev.instr, info = _import_candidate(ev.job, ev.conn.send, ev.details)
-    if ev.cand is None:
-        return info
-    ev.compile_s = info["compile_s"]
-    ev.conn.send(("phase", "run"))
-    if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
-        ev.instr.turn = ev.conn
-    return None
+_REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
 
 
 def _refill(args: list | None, pristine: list) -> list:
@@ -1678,6 +1782,33 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
     return None
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Stage 4: the candidate's own kernels did the work
+
+def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> dict:
+    """Profile one forward: which GPU kernels ran, and the share of kernel time spent in the candidate's own."""
+    from torch.profiler import ProfilerActivity, profile
+    own_names = set(instr.launches)   # Triton kernel names
+    for build in instr.builds:        # CUDA: the __global__ functions in the load_inline sources
+        for src in build["cuda_sources"]:
+            src = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", src)
+            own_names |= set(re.findall(r"__global__[^(;{]*?(\w+)\s*\(", src))
+    args = _to_device(inputs, device)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model(*args)
+        torch.cuda.synchronize()
+    kernels = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] += e.time_range.elapsed_us()
+    # prefix match: Triton may suffix kernel names; CUDA names may be demangled ("void k<float>(float const*)") or
+    # mangled ("_Z1kPf", hence a digit may precede the name)
+    own = {k: v for k, v in kernels.items() if any(re.search(rf"(?<![A-Za-z_]){re.escape(n)}", k) for n in own_names)}
+    total = sum(kernels.values())
+    return {"kernels": list(kernels), "own_kernels": list(own),
+            "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
+
+
 def _check_coverage(ev: _Evaluation) -> dict | None:
     """Stage 4: did the candidate's own kernels do the work? Triton: its launches were counted (a counted launch
     reached the driver, the profiler would add nothing but seconds of CUPTI start-up); CUDA on a GPU: one profiled
@@ -1704,6 +1835,190 @@ def _check_coverage(ev: _Evaluation) -> dict | None:
         ops = ", ".join(f"{k} x{v}" for k, v in instr.ops.most_common(8))
         return ev.failed("reward_hack", f"forward computes with PyTorch ops: {ops}", "pytorch_fallback")
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stage 5: timing (GPU only)
+
+def _capture(model, pristine: list, stream) -> tuple:
+    """(graph, static_args, static_out): one forward of `model` captured as a CUDA graph, on copies of `pristine`.
+    A replay reruns the captured kernels on whatever static_args hold then, with no Python in between. Raises where
+    a forward cannot be captured: a host sync (.item(), a device-to-host copy), an unjoined side stream, an
+    allocation outside the graph's pool. (A kernel launched on the legacy default stream runs during the capture
+    but is not in the graph: _graph_runners' replays on both input sets find it out.)"""
+    static = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+    graph = torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())   # (the copies above first)
+    with torch.no_grad(), torch.cuda.stream(stream):
+        model(*static)   # a warm-up on the capture's stream first (cuBLAS workspaces, lazy inits), as torch's CUDA
+        stream.synchronize()   # graph notes ask; then the capture itself. (Not `with torch.cuda.graph(...)`: it
+        graph.capture_begin()   # also empties the allocator's and pinned-host caches: driver calls for nothing here)
+        try:
+            out = model(*static)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                graph.capture_end()   # (the capture is invalid: the forward's own error is the reason)
+            raise
+        graph.capture_end()
+    return graph, static, out
+
+
+def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict | None, str | None]:
+    """({name: (graph, static_args, static_out)}, None) when every model's forward captures as a CUDA graph whose
+    replays reproduce the reference outputs of every input set; else (None, why not): then all of them are timed
+    eagerly, so that reference and candidate are always measured the same way. `tol`: (atol, rtol); (0, 0) takes
+    the output dtype's TOLERANCES entry (a replay of the reference runs its own kernels again, cuBLAS may pick
+    another algorithm under capture)."""
+    runners = {}
+    tol = tol if any(tol) else _tolerance(sets[0][1], {"atol": None, "rtol": None})
+    need = len(models) * (_nbytes(sets[0][0]) + _nbytes(_tensors(sets[0][1])))   # captured inputs and outputs
+    try:
+        # a multi-GB task whose copies do not fit: eager (its kernels take milliseconds, where host latency is noise)
+        if need > 0.8 * torch.cuda.mem_get_info(device)[0]:
+            return None, f"the graphs' copies ({need / 2**30:.1f} GB) do not fit in free GPU memory"
+        stream = torch.cuda.Stream(device)
+        for name, model in models.items():
+            runners[name] = _capture(model, sets[0][0], stream)
+        for name, (graph, static, out) in runners.items():
+            for inputs, ref_out in sets:   # (set 0 was the capture's own input: set 1 shows what replay reruns)
+                _load_static(static, inputs)
+                graph.replay()
+                kind, _, message, _ = _compare(out, ref_out, device, *tol)
+                if kind:
+                    return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
+    except Exception as e:   # not capturable: the eager method, which needs none of this
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+        return None, _truncate(f"{type(e).__name__}: {e}", 300)
+    return runners, None
+
+
+def _load_static(static: list, inputs: list) -> None:
+    """Copy one input set's values into a captured graph's input tensors (stream-ordered, before the flush)."""
+    for s, x in zip(static, inputs):
+        if isinstance(s, torch.Tensor):
+            s.copy_(x)
+
+
+SPOT_CHECKS = 3   # timing reps whose output is compared with the reference, per timed candidate
+
+
+def _spot_reps(n: int, sets: int, k: int, rng: random.Random) -> set[int]:
+    """k distinct rep indices of range(n), drawn by rng, with at least one rep of every input set (rep % sets)."""
+    picks = {rng.randrange(s, n, sets) for s in range(min(sets, n))}
+    rest = [r for r in range(n) if r not in picks]
+    return picks | set(rng.sample(rest, max(0, min(k - len(picks), len(rest)))))
+
+
+def _median_ci_width(xs: list) -> float:
+    """Width of the distribution-free 95% confidence interval of the median (order statistics), relative to it."""
+    xs, n = sorted(xs), len(xs)
+    k = max(0, int((n - 1.96 * n ** 0.5) / 2))
+    return (xs[n - 1 - k] - xs[k]) / max(xs[n // 2], 1e-9)
+
+
+                                                                     # stand-in for the old harness)
+
+
+def _median(xs: list) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _timing_rule(opts: dict) -> dict:
+    return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
+            "headroom_us": opts["timing_headroom_us"], "graphs": opts["timing_graphs"]}
+
+
+def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
+                 tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
+                 headroom_us: float = 0, graphs: bool = False, exclusive=None) -> dict:
+    """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
+    Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
+    outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
+    once as a CUDA graph and replayed per rep (_graph_runners; else, or where that fails, every model is called
+    eagerly, with a device-wide synchronize before the end event). `adaptive`: reps (at least min_reps) until every
+    model's median has a 95% confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall
+    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush
+    (DEFAULTS["timing_headroom_us"]).
+    `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
+    warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that."""
+    flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
+    # alternate values between reps. A trial kept on the GPU is used as it is (the models only ever get copies of its
+    # inputs, and its fingerprinted outputs are the caller's to check: a 6.4 GB task holds no second copy); a
+    # host-kept one goes to the GPU once (a spot check would copy a 256 MB output each time, inside the exclusive
+    # turn), and the candidate could overwrite those copies: times["ref_intact"] says whether they still equal the
+    # host's
+    sets = [([x.to(device) if isinstance(x, torch.Tensor) else x for x in tr["inputs"]],
+             tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
+    runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sleep_cycles = 0
+    if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(10**6)
+        end.record()
+        end.synchronize()
+        sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
+    times = {name: [] for name in models}
+    # host: the wall time of the checked model's reps (a cross-check of the events)
+    times.update(bad_output=[], host=[], method="graph" if runners else "eager")
+    if why_not:
+        times["graph_fallback"] = why_not
+
+    def once(name, rep, check=False):
+        pristine, ref_out = sets[rep % len(sets)]
+        if runners:   # a graph replay: the rep's input values copied into the captured inputs, no Python between
+            graph, static, out = runners[name]   # the start and end events, no host latency inside the window
+            _load_static(static, pristine)
+        else:
+            args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, untimed
+            torch.cuda.synchronize()
+        flush.zero_()   # ~80 us of GPU work: an eager model's Python launch overhead hides behind it, as in
+        if sleep_cycles:   # triton.testing.do_bench; we time GPU work, not how fast Python launches
+            torch.cuda._sleep(sleep_cycles)
+        host = time.perf_counter()
+        start.record()
+        if runners:
+            graph.replay()   # one launch; a graph finishes on its stream, side branches included
+        else:
+            with torch.no_grad():
+                out = models[name](*args)
+            torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
+        end.record()
+        end.synchronize()
+        if check:
+            times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
+        return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
+
+    names = list(models)
+    for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
+        warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
+    if exclusive is not None:
+        exclusive()
+    if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
+        deadline, reps = time.monotonic() + budget_s, 300
+    else:          # the fixed rule: the budget spent, 30..300 reps
+        estimate = sum(warm.values()) + 0.5 * len(names)
+        reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
+    # Unpredictable reps get the checked model's output compared, SPOT_CHECKS of them among the reps that surely
+    # run, every input set among them (a replayed or cached output is systematic): each check is GPU work inside
+    # the exclusive turn that every other worker on this GPU waits for
+    spots = _spot_reps(min(reps, min_reps) if adaptive else reps, len(sets), SPOT_CHECKS, random.Random(os.urandom(8)))
+    for rep in range(reps):   # interleaved; rotate who goes first
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            event_ms, host_ms = once(name, rep, check=name == checked and rep in spots)
+            times[name].append(event_ms)
+            if name == checked:
+                times["host"].append(host_ms)
+        if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
+            if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
+                break
+    # compared on the GPU (the host copy goes there): a pageable copy of a 256 MB output to the host takes ~0.23 s,
+    # inside the exclusive turn
+    times["ref_intact"] = all(_same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
+                              for host, gpu_copy in zip(_tensors(tr["out"]), _tensors(out)))
+    return times
 
 
 def _time_candidate(ev: _Evaluation) -> dict | None:
@@ -1760,108 +2075,8 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     return None
 
 
-_REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
-
-
-def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
-    """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
-    Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
-    check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
-    inputs_on_device the inputs are made on the GPU inside the turn (milliseconds) and stay there
-    (details["trials_on"]); on the host they are made before the turn (CPU work, ~1.6 s for a 256 MB task, and a
-    timer waits for every holder). A reference that mentions cuda may put them on the GPU itself: turn first."""
-    device, opts = torch.device(job["device"]), job["opts"]
-    on_device = device.type == "cuda" and opts["inputs_on_device"]
-    mentions_cuda = "cuda" in job["ref_src"]
-    clock = time.monotonic()
-    ref = _load_module(job["ref_src"], "kz_reference")
-    del sys.modules["kz_reference"]   # the candidate cannot find it by name
-    per_input = None if mentions_cuda else _input_bytes_on_meta(ref, opts)   # (meta: no device may be named)
-    host_bytes, device_bytes = _memory_need(per_input, per_input, opts, device.type, on_device)
-    _ask_memory(conn, host_bytes, device_bytes, details)
-    if device.type == "cuda":
-        _reserve_device_memory(device_bytes, details)
-    if on_device or mentions_cuda:
-        _gpu_turn(conn, turn)
-    init_inputs = ref.get_init_inputs()
-    draws = _trial_inputs(ref, opts, details, device if on_device else None)
-    details["ref_inputs_s"] = _since(clock)
-    if not (on_device or mentions_cuda):
-        _gpu_turn(conn, turn)
-    clock = time.monotonic()
-    ref_model = _build_model(ref.Model, init_inputs, device, opts)
-    # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
-    between = (lambda: _pass_turn(conn, device.type)) if turn == "shared" else None
-    trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
-                                       between)
-    details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
-    return ref, init_inputs, ref_model, trials, ref_mutates
-
-
-def _input_bytes_on_meta(ref, opts: dict) -> int | None:
-    """Bytes of one trial's inputs, from get_inputs() run on the meta device (no data is made); None if it cannot
-    run there (e.g. it calls .cuda() or names a device)."""
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            inputs = list(ref.get_inputs())
-        if not all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)):
-            return None
-        size = 2 if opts["dtype"] in ("float16", "bfloat16") else None
-        return sum(x.numel() * (size if size and x.is_floating_point() else x.element_size())
-                   for x in inputs if isinstance(x, torch.Tensor))
-    except Exception:
-        return None
-
-
-def _memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
-                 inputs_on_device: bool = False, stored: int | None = None) -> tuple[int, int]:
-    """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
-    stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
-    temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
-    their reference outputs. `stored`: bytes of trials already made (a shared reference: no temporaries). Unknown
-    sizes (None) are taken as max_trial_gb."""
-    cap = opts["max_trial_gb"] * 2**30
-    if per_input is None:
-        per_input = per_output = cap / 4
-    per_output = per_input if per_output is None else per_output
-    one = per_input + per_output
-    if stored is None:
-        n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
-        made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
-    else:
-        made, host = 0, stored
-    on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
-                                            # graphs' captured inputs and outputs, L2 flush
-    if stored is None:   # made here: on the device or on the host
-        on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)
-    return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
-
-
-def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
-    """Wait until the parent admits this job's memory (_Memory); granted at once without a budget."""
-    details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
-    conn.send(("mem", host, device))
-    conn.recv()
-
-
-_RESERVE_CAP = 2**30   # a round's tasks fit (256 MB inputs); beyond it a task's kernels take long enough that an
-#                        allocation's cost is noise, and the poison fills what is reserved before every call
-
-
-def _reserve_device_memory(nbytes: int, details: dict) -> None:
-    """Put the job's admitted device bytes (at most _RESERVE_CAP) in the caching allocator as one free block: one
-    cudaMalloc, where a fresh process otherwise makes one for each new tensor size. (A worker profile of the round
-    batch, H200, 8 workers, 2026-12-04: 16 s summed in 924 torch.randn calls of the trial inputs and 18 s in
-    torch.empty, new segments as we read it; not measured since.) The block is free memory of this process like any
-    other: the allocator poison NaN-fills it before every candidate call. No kernel runs: no GPU turn needed."""
-    try:
-        block = torch.empty(min(nbytes, _RESERVE_CAP), dtype=torch.uint8, device="cuda")
-    except torch.cuda.OutOfMemoryError:   # (only a saving: the job allocates as it goes instead)
-        return
-    details["reserved_mb"] = round(block.numel() / 2**20)
-    del block
-
+# ---------------------------------------------------------------------------------------------------------------------
+# Shared reference work: one job makes a task's trials, its candidates read them from a sealed memory file
 
 @dataclass(frozen=True)
 class _Slot:
@@ -2020,218 +2235,27 @@ def _receive_reference(job: dict, conn: Connection, details: dict) -> tuple:
     return ref, init_inputs, trials, pack["ref_mutates"]
 
 
-def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
-    """The heavy-tailed trial's outputs are larger; scale atol by how much (keeps the same relative demand)."""
-    if not trial["heavy"]:
-        return atol, rtol
-    mean_abs = lambda out: sum(float(t.float().abs().mean()) for t in _tensors(out) if t.numel()) or 1.0  # noqa: E731
-    return atol * max(1.0, mean_abs(trial["out"]) / mean_abs(trials[0]["out"])), rtol
+# ---------------------------------------------------------------------------------------------------------------------
+# The other jobs: compile (GPU mode's CPU stage) and lint (task quality rules)
+
+def _job_compile(job: dict, conn: Connection) -> dict:
+    """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
+    details = {}
+    cand, instr, info = _import_candidate(job, conn.send, details)
+    if cand is None:
+        return info
+    return {"error_kind": "ok", "compiled": True, "compile_s": info["compile_s"], "details": details}
 
 
-def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> dict:
-    """Profile one forward: which GPU kernels ran, and the share of kernel time spent in the candidate's own."""
-    from torch.profiler import ProfilerActivity, profile
-    own_names = set(instr.launches)   # Triton kernel names
-    for build in instr.builds:        # CUDA: the __global__ functions in the load_inline sources
-        for src in build["cuda_sources"]:
-            src = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", src)
-            own_names |= set(re.findall(r"__global__[^(;{]*?(\w+)\s*\(", src))
-    args = _to_device(inputs, device)
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        model(*args)
-        torch.cuda.synchronize()
-    kernels = collections.Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[e.name] += e.time_range.elapsed_us()
-    # prefix match: Triton may suffix kernel names; CUDA names may be demangled ("void k<float>(float const*)") or
-    # mangled ("_Z1kPf", hence a digit may precede the name)
-    own = {k: v for k, v in kernels.items() if any(re.search(rf"(?<![A-Za-z_]){re.escape(n)}", k) for n in own_names)}
-    total = sum(kernels.values())
-    return {"kernels": list(kernels), "own_kernels": list(own),
-            "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
-
-
-def _capture(model, pristine: list, stream) -> tuple:
-    """(graph, static_args, static_out): one forward of `model` captured as a CUDA graph, on copies of `pristine`.
-    A replay reruns the captured kernels on whatever static_args hold then, with no Python in between. Raises where
-    a forward cannot be captured: a host sync (.item(), a device-to-host copy), an unjoined side stream, an
-    allocation outside the graph's pool. (A kernel launched on the legacy default stream runs during the capture
-    but is not in the graph: _graph_runners' replays on both input sets find it out.)"""
-    static = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
-    graph = torch.cuda.CUDAGraph()
-    stream.wait_stream(torch.cuda.current_stream())   # (the copies above first)
-    with torch.no_grad(), torch.cuda.stream(stream):
-        model(*static)   # a warm-up on the capture's stream first (cuBLAS workspaces, lazy inits), as torch's CUDA
-        stream.synchronize()   # graph notes ask; then the capture itself. (Not `with torch.cuda.graph(...)`: it
-        graph.capture_begin()   # also empties the allocator's and pinned-host caches: driver calls for nothing here)
-        try:
-            out = model(*static)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                graph.capture_end()   # (the capture is invalid: the forward's own error is the reason)
-            raise
-        graph.capture_end()
-    return graph, static, out
-
-
-def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict | None, str | None]:
-    """({name: (graph, static_args, static_out)}, None) when every model's forward captures as a CUDA graph whose
-    replays reproduce the reference outputs of every input set; else (None, why not): then all of them are timed
-    eagerly, so that reference and candidate are always measured the same way. `tol`: (atol, rtol); (0, 0) takes
-    the output dtype's TOLERANCES entry (a replay of the reference runs its own kernels again, cuBLAS may pick
-    another algorithm under capture)."""
-    runners = {}
-    tol = tol if any(tol) else _tolerance(sets[0][1], {"atol": None, "rtol": None})
-    need = len(models) * (_nbytes(sets[0][0]) + _nbytes(_tensors(sets[0][1])))   # captured inputs and outputs
-    try:
-        # a multi-GB task whose copies do not fit: eager (its kernels take milliseconds, where host latency is noise)
-        if need > 0.8 * torch.cuda.mem_get_info(device)[0]:
-            return None, f"the graphs' copies ({need / 2**30:.1f} GB) do not fit in free GPU memory"
-        stream = torch.cuda.Stream(device)
-        for name, model in models.items():
-            runners[name] = _capture(model, sets[0][0], stream)
-        for name, (graph, static, out) in runners.items():
-            for inputs, ref_out in sets:   # (set 0 was the capture's own input: set 1 shows what replay reruns)
-                _load_static(static, inputs)
-                graph.replay()
-                kind, _, message, _ = _compare(out, ref_out, device, *tol)
-                if kind:
-                    return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
-    except Exception as e:   # not capturable: the eager method, which needs none of this
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize()
-        return None, _truncate(f"{type(e).__name__}: {e}", 300)
-    return runners, None
-
-
-def _load_static(static: list, inputs: list) -> None:
-    """Copy one input set's values into a captured graph's input tensors (stream-ordered, before the flush)."""
-    for s, x in zip(static, inputs):
-        if isinstance(s, torch.Tensor):
-            s.copy_(x)
-
-
-def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
-                 tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
-                 headroom_us: float = 0, graphs: bool = False, exclusive=None) -> dict:
-    """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
-    Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
-    outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
-    once as a CUDA graph and replayed per rep (_graph_runners; else, or where that fails, every model is called
-    eagerly, with a device-wide synchronize before the end event). `adaptive`: reps (at least min_reps) until every
-    model's median has a 95% confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall
-    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush
-    (DEFAULTS["timing_headroom_us"]).
-    `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
-    warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that."""
-    flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
-    # alternate values between reps. A trial kept on the GPU is used as it is (the models only ever get copies of its
-    # inputs, and its fingerprinted outputs are the caller's to check: a 6.4 GB task holds no second copy); a
-    # host-kept one goes to the GPU once (a spot check would copy a 256 MB output each time, inside the exclusive
-    # turn), and the candidate could overwrite those copies: times["ref_intact"] says whether they still equal the
-    # host's
-    sets = [([x.to(device) if isinstance(x, torch.Tensor) else x for x in tr["inputs"]],
-             tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
-    runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    sleep_cycles = 0
-    if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(10**6)
-        end.record()
-        end.synchronize()
-        sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
-    times = {name: [] for name in models}
-    # host: the wall time of the checked model's reps (a cross-check of the events)
-    times.update(bad_output=[], host=[], method="graph" if runners else "eager")
-    if why_not:
-        times["graph_fallback"] = why_not
-
-    def once(name, rep, check=False):
-        pristine, ref_out = sets[rep % len(sets)]
-        if runners:   # a graph replay: the rep's input values copied into the captured inputs, no Python between
-            graph, static, out = runners[name]   # the start and end events, no host latency inside the window
-            _load_static(static, pristine)
-        else:
-            args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, untimed
-            torch.cuda.synchronize()
-        flush.zero_()   # ~80 us of GPU work: an eager model's Python launch overhead hides behind it, as in
-        if sleep_cycles:   # triton.testing.do_bench; we time GPU work, not how fast Python launches
-            torch.cuda._sleep(sleep_cycles)
-        host = time.perf_counter()
-        start.record()
-        if runners:
-            graph.replay()   # one launch; a graph finishes on its stream, side branches included
-        else:
-            with torch.no_grad():
-                out = models[name](*args)
-            torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
-        end.record()
-        end.synchronize()
-        if check:
-            times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
-        return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
-
-    names = list(models)
-    for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
-        warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
-    if exclusive is not None:
-        exclusive()
-    if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
-        deadline, reps = time.monotonic() + budget_s, 300
-    else:          # the fixed rule: the budget spent, 30..300 reps
-        estimate = sum(warm.values()) + 0.5 * len(names)
-        reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
-    # Unpredictable reps get the checked model's output compared, SPOT_CHECKS of them among the reps that surely
-    # run, every input set among them (a replayed or cached output is systematic): each check is GPU work inside
-    # the exclusive turn that every other worker on this GPU waits for
-    spots = _spot_reps(min(reps, min_reps) if adaptive else reps, len(sets), SPOT_CHECKS, random.Random(os.urandom(8)))
-    for rep in range(reps):   # interleaved; rotate who goes first
-        for name in names[rep % len(names):] + names[: rep % len(names)]:
-            event_ms, host_ms = once(name, rep, check=name == checked and rep in spots)
-            times[name].append(event_ms)
-            if name == checked:
-                times["host"].append(host_ms)
-        if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
-            if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
-                break
-    # compared on the GPU (the host copy goes there): a pageable copy of a 256 MB output to the host takes ~0.23 s,
-    # inside the exclusive turn
-    times["ref_intact"] = all(_same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
-                              for host, gpu_copy in zip(_tensors(tr["out"]), _tensors(out)))
-    return times
-
-
-SPOT_CHECKS = 3   # timing reps whose output is compared with the reference, per timed candidate
-
-
-def _spot_reps(n: int, sets: int, k: int, rng: random.Random) -> set[int]:
-    """k distinct rep indices of range(n), drawn by rng, with at least one rep of every input set (rep % sets)."""
-    picks = {rng.randrange(s, n, sets) for s in range(min(sets, n))}
-    rest = [r for r in range(n) if r not in picks]
-    return picks | set(rng.sample(rest, max(0, min(k - len(picks), len(rest)))))
-
-
-def _median_ci_width(xs: list) -> float:
-    """Width of the distribution-free 95% confidence interval of the median (order statistics), relative to it."""
-    xs, n = sorted(xs), len(xs)
-    k = max(0, int((n - 1.96 * n ** 0.5) / 2))
-    return (xs[n - 1 - k] - xs[k]) / max(xs[n // 2], 1e-9)
-
-
-def _timing_rule(opts: dict) -> dict:
-    return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
-            "headroom_us": opts["timing_headroom_us"], "graphs": opts["timing_graphs"]}
-
-
-FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py's
-                                                                     # stand-in for the old harness)
-
-
-def _median(xs: list) -> float:
-    return sorted(xs)[len(xs) // 2]
+def _repeatable(a, b) -> bool:
+    """Two runs of a task on the same inputs agree: bit for bit, or for floats within a tenth of the candidates'
+    tolerance (a CPU GEMM's first and second calls can differ by 5e-6 relative: 023_LinearSiluLogSumExp on the
+    2-core box; such noise cannot flip a verdict, while randomness differs by O(1))."""
+    if _same(a, b):
+        return True
+    tol = TOLERANCES.get(str(a.dtype).removeprefix("torch."), 1e-4) / 10 if a.is_floating_point() else None
+    return tol is not None and a.shape == b.shape and torch.allclose(a, b.to(a.device), rtol=tol, atol=tol,
+                                                                     equal_nan=True)
 
 
 def _job_lint(job: dict, conn: Connection) -> dict:
