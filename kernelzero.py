@@ -952,7 +952,9 @@ def geomean_speedup(correct, speedup):
 
 
 # -----------------------------------------------------------------------------
-# CA-GRPO: rewards, advantages, loss
+# CA-GRPO: rewards, advantages, loss (pure torch, copyable as one piece down to the next banner)
+# The caller's part: a group is group_size consecutive samples of one prompt, and old_logprobs come from the
+# sampling policy without gradients; then sum(microbatch_weight * loss).backward(), clip, step.
 
 
 def ca_grpo_rewards(correct, speedup, group_size, tau=0.5, lam=0.3, max_log_speedup=2.0):
@@ -1064,6 +1066,19 @@ def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, cl
     return loss, stats
 
 
+def microbatch_weight(mask, batch_mask, loss_agg="token-mean"):
+    """What one microbatch's ca_grpo_loss is multiplied by before backward() when gradients accumulate over a batch.
+
+    mask (b, T): the microbatch's completion mask; batch_mask (B, T): the whole batch's. Its share of the batch's
+    normaliser (tokens for token-mean, sequences otherwise), so the summed gradients equal the whole batch's in one
+    piece. token-mean, microbatches of 6 and 2 tokens: 0.75 and 0.25 (a plain mean of their losses would weigh each
+    token of the short one 3x); the other aggregations, 2 sequences of 8: 0.25.
+    """
+    if loss_agg == "token-mean":
+        return mask.sum() / batch_mask.sum().clamp(min=1)
+    return mask.shape[0] / batch_mask.shape[0]
+
+
 # -----------------------------------------------------------------------------
 # Policy update
 
@@ -1077,12 +1092,8 @@ def select(batch, keep):
 
 
 def policy_update(policy, batch, advantages, cfg, lr=None):
-    """One CA-GRPO update on a generation batch (from `rollout`): microbatches accumulate into one AdamW step per epoch.
-
-    Each microbatch's loss is weighted by its share of the batch's normaliser (tokens for token-mean, sequences
-    otherwise), so accumulated gradients equal those of the whole batch in one piece.
-    Returns averaged stats (loss, clip fractions, k3 KL, ratio) and the pre-clip grad norm.
-    """
+    """One CA-GRPO update on a generation batch (from `rollout`): microbatches accumulate (microbatch_weight) into
+    one AdamW step per epoch. Returns averaged stats (loss, clip fractions, k3 KL, ratio) and the pre-clip grad norm."""
     model, device = policy.model, next(policy.model.parameters()).device
     if lr is not None:
         for group in policy.opt.param_groups:
@@ -1107,7 +1118,7 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
             loss, stats = ca_grpo_loss(logp, batch["old_logprobs"][sl], advantages[sl].to(device), mask,
                                        ref_logprobs=ref, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                        kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
-            share = mask.sum() / mask_all.sum().clamp(min=1) if cfg.loss_agg == "token-mean" else mask.shape[0] / N
+            share = microbatch_weight(mask, mask_all, cfg.loss_agg)
             (loss * share).backward()
             ratio_max = max(ratio_max, stats.pop("ratio_max"))
             for k, v in stats.items():  # token-weighted averages over the batch
