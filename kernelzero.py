@@ -101,8 +101,8 @@ class Config:
     # proposer phase
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
     #                                  validity only, every valid module joins the pool; probes still measure p)
-    # Round sizes: small rounds, many of them. A default round verifies ~64 kernels; the harness is the loop's
-    # bottleneck, and a round takes ~70 s alone on one H200 (BENCHMARKS.md, commit `397bbe1`)
+    # Round sizes: small rounds, many of them: a default round verifies ~64 kernels, and the harness, not the GPU,
+    # bounds a round
     api_sets_per_round: int = 2  # API sets sampled per round (weighted toward the Coder's frontier)
     apis_per_set: int = 2  # APIs per set
     group_size_proposer: int = 4  # modules the Proposer writes per API set (its GRPO group)
@@ -143,23 +143,22 @@ class Config:
     sft_lr: float = 2e-5
     sft_batch: int = 16  # sequences per optimizer step
     sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
-    distill_keep: int = 2  # distill subcommand: at most this many distinct verified kernels per synthetic module
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
     timing_budget_s: float = 0.25  # ceiling on the harness's timing per correct candidate in the probe and Coder
-    #   phases (the held-out eval keeps the harness's 2 s). Timing replays CUDA graphs until the medians' 95% intervals
-    #   are within 2%: ~20 reps and ~0.1 s on the H200, so the ceiling rarely binds; it bounds a round's serial part
-    #   (each candidate is timed alone on the GPU). The reward is clip(ln speedup): a few percent of error moves it by
-    #   a few hundredths (BENCHMARKS.md, "Harness throughput for RL rounds")
-    # held-out eval (during training) and the eval subcommand
+    #   phases (the held-out eval keeps the harness's 2 s): candidates are timed one at a time, so this bounds a
+    #   round's serial part, and a few percent of timing error moves the clipped log-speedup reward by hundredths
+    # held-out eval during training
     eval_every: int = 5  # evaluate the Coder on held-out levels every this many rounds (0 = never)
     eval_levels: str = "1,2"  # held-out kernelbench_tasks levels used during training
     eval_max_tasks: int = 0  # evaluate only the first N tasks per level (0 = all)
     eval_samples: int = 1  # kernels per task in the held-out eval during training (pass@k for k <= it; 8 in the replication)
     eval_first: bool = False  # also evaluate before the first round (after SFT): the run's starting point, round -1
-    level: int = 1  # eval subcommand: which level
-    samples: int = 10  # eval subcommand: samples per task (pass@k for k <= samples)
-    kernelbench_dir: str = ""  # eval subcommand: an official KernelBench checkout instead of kernelbench_tasks
+    # the eval and distill subcommands
+    level: int = 1  # eval: which level
+    samples: int = 10  # eval: samples per task (pass@k for k <= samples); distill: kernels per synthetic module
+    kernelbench_dir: str = ""  # eval: an official KernelBench checkout instead of kernelbench_tasks
+    distill_keep: int = 2  # distill: at most this many distinct verified kernels per synthetic module
 
 
 PRESETS = {
@@ -172,13 +171,12 @@ PRESETS = {
                  eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
 }
 
-# The default preset on a machine without a GPU: Triton under the interpreter, SmolLM2, and budgets measured on a
-# 2-core box to show the method at work in about 9 minutes (README, "Set up and run"). SFT starts from the verified
-# pairs that ship with the repo (no pair generation on a fresh clone) and takes 20 steps at a high learning rate:
-# after 12 steps at 1e-4 the Coder looped until the token limit in 7 of 8 answers (loss 0.59) and the Proposer wrote
-# no valid module; after 20 at 2e-4 (loss 0.14) the Proposer writes valid modules and updates. 768 new tokens hold
-# most SFT targets (median 514); four pool modules x 2 kernels give every seed module a try. No one-shot example:
-# prompts of ~400 instead of ~900 tokens make every step cheaper. Its own SFT folder: a GPU run must not reuse it.
+# The default preset on a machine without a GPU: Triton under the interpreter, SmolLM2, and budgets that show the
+# method at work in about 9 minutes on 2 cores (README, "Set up and run"). SFT starts from the verified pairs that
+# ship with the repo (no pair generation on a fresh clone), 20 steps at a high learning rate: the least that gets the
+# Proposer writing valid modules and the Coder stopping before the token limit. 768 new tokens hold most SFT targets;
+# four pool modules x 2 kernels give every seed module a try; no one-shot example halves every prompt. Its own SFT
+# folder: a GPU run must not reuse it.
 CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu", backend="triton", rounds=1,
                     max_new_tokens=768, max_prompt_tokens=1536, temperature=0.7, gen_batch_size=8, static_cache=False,
                     pad_batches=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
@@ -778,8 +776,8 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     chunk (0 < chunk < T): the transformer body runs once, then lm_head and the log-softmax run on `chunk`
     completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V) logits
     exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16); backward
-    recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens). On the H200 the 1.5B shape
-    saved 2.4 GB for 7% of the update's time (BENCHMARKS.md, "The 1.5B-shaped update"): token_logprobs already keeps no fp32 copy.
+    recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens; BENCHMARKS.md, "The 1.5B-shaped
+    update", has the memory and time).
     Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
     Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
     config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.
@@ -837,14 +835,10 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
     else:  # greedy (temperature 0): deterministic, for evaluation and for checking the compiled path
         gen_kwargs.update(do_sample=False)
     if cfg.static_cache and device.type == "cuda":
-        # transformers compiles the decode step for a static cache: torch.compile(model.__call__) with its
-        # CompileConfig defaults (dynamic=None, mode="reduce-overhead"). The step's shapes are the batch B and the
-        # cache length P + T. dynamic=None means torch._dynamo's automatic_dynamic_shapes (torch/_dynamo/config.py):
-        # the first shape compiles static, a second one recompiles with the dims that changed made symbolic (24-74 s
-        # on the H200). pad_batches keeps B fixed; P still changes between phases (prompt_bucket). Two switches exist,
-        # neither measured here: generate(compile_config=transformers.CompileConfig(dynamic=False)) compiles every
-        # new shape static instead of once dynamic, and generate(max_cache_len=N) (GenerationConfig) sizes the cache
-        # at N for every call, one shape, but each step then attends over all N positions.
+        # transformers compiles the decode step for a static cache (CompileConfig defaults: dynamic=None,
+        # mode="reduce-overhead"): the first shape (batch B, cache length P + T) compiles static, a second one
+        # recompiles with the changed dims symbolic (torch._dynamo's automatic_dynamic_shapes), which is slow:
+        # pad_batches keeps B fixed and prompt_bucket limits the values P takes
         gen_kwargs["cache_implementation"] = "static"
     t0 = time.perf_counter()
     sampler.eval()
@@ -1134,6 +1128,17 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
     return out
 
 
+def grpo_update(policy, batch, rewards, group_size, cfg, lr):
+    """Group advantages of a batch's rewards, then one policy_update on the groups with reward spread (all groups
+    without cfg.filter_zero_std). Returns (update stats, {} when nothing trained; the (N,) reward-spread mask)."""
+    advantages = group_advantages(rewards, group_size, cfg.adv_scale)
+    spread = drop_zero_std_groups(rewards, group_size)  # groups with equal rewards carry no policy gradient
+    keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
+    if not keep.any():
+        return {}, spread
+    return policy_update(policy, select(batch, keep), advantages[keep], cfg, lr), spread
+
+
 # -----------------------------------------------------------------------------
 # Proposer phase
 
@@ -1243,14 +1248,9 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
         rewards = frontier_reward(p, valid_t, penalty)
     else:  # ablation: reward validity only, as if every module sat at the frontier (p = 1/2)
         rewards = torch.where(valid_t, 1.0 - torch.as_tensor(penalty, dtype=torch.float), torch.tensor(-1.0))
-    advantages = group_advantages(rewards, G, cfg.adv_scale)
-    spread = drop_zero_std_groups(rewards, G)  # groups with equal rewards carry no policy gradient
-    keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
-    stats = {}
     with timed(times, "proposer_update"):
         focus(proposer, coder, cfg, device)
-        if keep.any():
-            stats = policy_update(proposer, select(batch, keep), advantages[keep], cfg, cfg.proposer_lr)
+        stats, spread = grpo_update(proposer, batch, rewards, G, cfg, cfg.proposer_lr)
     # frontier modules (neither always nor never solved) join the Coder's pool
     added = [m for m in modules.values() if not frontier or cfg.frontier_low <= m["p"] <= cfg.frontier_high]
     state["pool"] = (state["pool"] + added)[-cfg.pool_size:]
@@ -1297,13 +1297,8 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
         rewards, gate = correct.clone(), torch.zeros_like(correct)
     else:
         rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
-    advantages = group_advantages(rewards, G, cfg.adv_scale)
-    spread = drop_zero_std_groups(rewards, G)  # groups with equal rewards carry no policy gradient
-    keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
-    stats = {}
     with timed(times, "coder_update"):
-        if keep.any():
-            stats = policy_update(coder, select(batch, keep), advantages[keep], cfg, cfg.lr)
+        stats, spread = grpo_update(coder, batch, rewards, G, cfg, cfg.lr)
     for m, c in zip(modules, correct.view(-1, G).tolist()):
         update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
     errors = Counter(r.error_kind for r in results)
@@ -1435,7 +1430,7 @@ def append_metrics(metrics_path, state, rec):
     state["metrics_lines"] += 1
 
 
-# Measured wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
+# Wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
 CPU_DEFAULT_MINUTES = 9
 
 
