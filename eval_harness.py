@@ -62,7 +62,7 @@ How it departs from KernelBench's own eval (src/eval.py)
      outputs, which are checked against the host's after timing (reward_hack "reference_outputs": the candidate may
      reach them). Options: timing_graphs=False and timing_adaptive=False give the eager, fixed-budget rule
      (timing_budget_s spent, 30..300 reps); timing_headroom_us (a GPU sleep after each rep's flush, for the eager
-     method) and share_ref_timing (a task's eager timing measured once, in its shared reference job) stay off.
+     method) stays off.
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
@@ -92,7 +92,7 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     there; details["trials_on"]). A kernel can write anywhere in its process's GPU memory: rewriting the stored
     inputs only makes its own outputs disagree, and each output's keyed fingerprint, kept on the host, is checked
     after the trials and after timing (reward_hack "reference_outputs"); page-locked host copies of a 256 MB
-    task's outputs cost ~1 s per candidate (H200). With inputs_on_device=False (and on the CPU) the
+    task's outputs cost about a second per candidate. With inputs_on_device=False (and on the CPU) the
     inputs are made on the host before the worker asks for the GPU (a timer waits for every holder; a reference
     that mentions cuda asks first). Shared reference jobs send their trials through the host either way.
   - Zygotes are started with subprocess.Popen, not multiprocessing: the environment (TRITON_INTERPRET,
@@ -190,8 +190,7 @@ DEFAULTS = dict(
     timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
     timing_headroom_us=0,    # GPU sleep enqueued after each rep's L2 flush, before the start event: a launch that
                              # takes the host longer than the flush (a loaded machine, a Python launcher) then leaves
-                             # no idle GPU inside the timed window. 0: off (not yet measured: BENCHMARKS.md, "Still to
-                             # measure on the H200")
+                             # no idle GPU inside the timed window. 0: off (its effect is unmeasured)
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
     compile_timeout=None,    # import/build limit in s; None: 600 for CUDA (cold nvcc builds), 120 for Triton
     run_timeout=300.0,       # limit in s for the candidate's trials + timing
@@ -199,17 +198,15 @@ DEFAULTS = dict(
     memory_limit_gb=8.0,     # RLIMIT_AS of CPU-mode workers: a memory bomb fails instead of swapping the machine
     max_trial_gb=4.0,        # stored trial inputs + outputs, wherever they live; tasks above it get fewer trials
     inputs_on_device=True,   # on a GPU: get_inputs() runs under `with torch.device("cuda")` and the trial inputs
-                             # stay there (ms instead of ~1.6 s of host randn + copies for a 256 MB task); False: made
-                             # on the host as before (and the reference outputs kept there). No-op on the CPU
+                             # stay there (ms instead of seconds of host randn + copies for a 256 MB task); False:
+                             # made on the host (and the reference outputs kept there). No-op on the CPU
     share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
-                             # None: on a GPU only. Off: on the H200 the shared group's speedups came out 0.73 vs
-                             # 0.95 unshared for a 0.1 ms ReLU (the verdicts agreed); see BENCHMARKS.md, "Harness throughput for RL rounds"
-    share_ref_timing=False,  # and its eager timing, measured once in the reference job (H200: a 256 MB ReLU's
-                             # speedup 1.13 against 0.97 interleaved, so each candidate still times both)
+                             # None: on a GPU only. Off by default: its speedups disagree with unshared ones
+                             # (BENCHMARKS.md, "Harness throughput for RL rounds")
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )
-FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py's
+FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py compares)
 
 
 def _truncate(text: str, n: int = 1500) -> str:
@@ -271,8 +268,8 @@ _BANNED_ATTRS = {  # attribute names, whatever object they hang off
 }
 _TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
                "allow_bf16_reduced_precision_reduction"}
-_PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "triton", "numpy", "math", "gc"}  # (not os:
-# candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], which is harmless)
+# modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
+_PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "triton", "numpy", "math", "gc"}
 _DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
 _STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
 
@@ -800,10 +797,10 @@ def _zygote_imports() -> None:
     """What a zygote does once for all its workers: the imports and first uses that cost seconds. Nothing here may
     touch the CUDA driver or start a thread (tests/harness_throughput.py checks both)."""
     import torch.utils._python_dispatch  # noqa: F401  (the op recorder's base class)
-    with torch.device("meta"):   # the first meta tensor imports torch's meta kernels: ~3.4 s per worker (H200),
-        (torch.randn(2) * 2).sum()   # spent in _input_bytes_on_meta while the worker holds its GPU slot
+    with torch.device("meta"):   # the first meta tensor imports torch's meta kernels (seconds), which a worker
+        (torch.randn(2) * 2).sum()   # would otherwise pay in _input_bytes_on_meta while it holds its GPU slot
     # (Not torch.utils.cpp_extension: importing it asks the CUDA driver for its devices, and torch then refuses CUDA
-    # in every forked child, "Cannot re-initialize CUDA in forked subprocess"; H200, torch 2.11.)
+    # in every forked child, "Cannot re-initialize CUDA in forked subprocess".)
     if os.environ["KZ_BACKEND"] == "cuda" and os.environ["KZ_DEVICE"] == "cuda":
         import torch.profiler  # noqa: F401  (its Python side; CUPTI itself starts in each worker that profiles)
     if os.environ["KZ_BACKEND"] == "triton":
@@ -818,8 +815,8 @@ def _zygote_imports() -> None:
 def _warm_up_triton_compiler(arch: int) -> bool:
     """Compile one tiny kernel for GPU architecture `arch` (e.g. 90) without touching the driver: the compiler's
     one-time start-up (MLIR and LLVM set-up, ptxas found and run) then happens once in the zygote instead of in every
-    worker (~1 s of CPU each; a forked child's next compile took 0.07 s on a CPU box). It starts no thread, so the
-    zygote stays safe to fork. A failure here only costs the time it would have saved (returns False)."""
+    worker (about a second of CPU each). It starts no thread, so the zygote stays safe to fork. A failure here only
+    costs the time it would have saved (returns False)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -902,8 +899,8 @@ def _worker_main(fd: int) -> None:
         import triton  # noqa: F401  (imported while idle, so it is not counted as the candidate's compile time)
     if device == "cuda" and role == "run":   # one-time costs paid while idle, not while holding the GPU turn
         _warm_up_gpu_worker(os.environ["KZ_BACKEND"])
-    # the snapshot's load_inline (and setuptools below it: ~0.06 s, half a CPU job's harness time) imported while
-    # idle too; not in the zygote, where importing it asks the CUDA driver for its devices
+    # the snapshot's load_inline (and setuptools below it) imported while idle too; not in the zygote, where
+    # importing it asks the CUDA driver for its devices
     import torch.utils.cpp_extension  # noqa: F401
     threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
     conn.send(("ready", os.getpid()))
@@ -930,14 +927,13 @@ def _worker_main(fd: int) -> None:
 
 
 def _warm_up_gpu_worker(backend: str) -> None:
-    """First uses that cost seconds in a fresh process (H200, 2026-12-03): the CUDA context (~0.4 s), for CUDA
-    candidates the profiler behind _kernel_coverage (CUPTI start-up, 4.3 s) and, for Triton, the JIT's own start-up
-    (1.3 s for the first kernel, 0.07 s for the next) and its first device query. Workers boot while others hold
-    the GPU, so none of this launches a kernel: an empty profile, a Triton kernel compiled (warmup) but never run,
-    and a CUDA graph captured and instantiated but never replayed."""
+    """First uses that cost seconds in a fresh process, paid while idle: the CUDA context, the CUDA graph machinery,
+    for CUDA candidates the profiler behind _kernel_coverage (CUPTI start-up) and, for Triton, the JIT's own
+    start-up and its first device query. Workers boot while others hold the GPU, so none of this launches a kernel:
+    an empty profile, a Triton kernel compiled (warmup) but never run, and a CUDA graph captured and instantiated
+    but never replayed."""
     x = torch.zeros(1, device="cuda")   # context creation (and one tiny fill)
-    # The graph machinery's first use (capture, instantiation): each timed candidate's two captures took 0.69 s on
-    # average in the worker profile (H200, 2026-12-04); how much of that is one-time set-up is not measured yet
+    # the graph machinery's first use (capture, instantiation), off the timed candidate's path
     with contextlib.suppress(Exception):
         graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -962,8 +958,8 @@ def _warm_up_gpu_worker(backend: str) -> None:
 
         with contextlib.suppress(Exception):   # a warm-up only: a failure here costs time later, nothing else
             _kz_warm_up.warmup(torch.float32, 16, BLOCK=16, grid=(1,))
-            # a kernel's first launch asks the driver for the device's shared memory (cached per process): 0.12 s
-            # in each worker's job on the H200 (a worker profile, 2026-12-04); a device query, no kernel runs
+            # a kernel's first launch asks the driver for the device's shared memory (cached per process): a
+            # device query, no kernel runs
             from triton.compiler.compiler import max_shared_mem
             max_shared_mem(torch.cuda.current_device())
 
@@ -1038,8 +1034,8 @@ def _nbytes(xs) -> int:
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of t. From the GPU into page-locked memory when it is at most 1 GB: a 256 MB output copies in
-    ~10 ms instead of the ~230 ms of pageable memory (H200), and a task's 6 trials copy theirs per candidate."""
+    """A host copy of t. From the GPU into page-locked memory when it is at most 1 GB: an order of magnitude faster
+    than pageable memory, and a task's trials copy their outputs per candidate."""
     t = t.detach()
     if t.is_cuda and t.nbytes <= 2**30:
         return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
@@ -1102,7 +1098,7 @@ class _Evaluation:
         self.device, self.opts = torch.device(job["device"]), job["opts"]
         self.details = {"checks_fired": []}
         self.turn = "exclusive" if job.get("alone") else "shared"   # exclusive: a rerun after an out-of-memory
-        self.ref = self.init_inputs = self.ref_model = self.ref_ms = None      # stage 1
+        self.ref = self.init_inputs = self.ref_model = None                    # stage 1
         self.trials, self.ref_mutates, self.atol, self.rtol = [], False, None, None
         self.cand = self.instr = self.compile_s = None                          # stage 2
         self.cand_model = None                                                   # stage 3
@@ -1174,18 +1170,16 @@ def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None
     conn.recv()
 
 
-_RESERVE_CAP = 2**30   # a round's tasks fit (256 MB inputs); beyond it a task's kernels take long enough that an
-
-
-#                        allocation's cost is noise, and the poison fills what is reserved before every call
+# A round's tasks fit (256 MB inputs); beyond it a task's kernels take long enough that an allocation's cost is
+# noise, and the poison fills what is reserved before every call
+_RESERVE_CAP = 2**30
 
 
 def _reserve_device_memory(nbytes: int, details: dict) -> None:
     """Put the job's admitted device bytes (at most _RESERVE_CAP) in the caching allocator as one free block: one
-    cudaMalloc, where a fresh process otherwise makes one for each new tensor size. (A worker profile of the round
-    batch, H200, 8 workers, 2026-12-04: 16 s summed in 924 torch.randn calls of the trial inputs and 18 s in
-    torch.empty, new segments as we read it; not measured since.) The block is free memory of this process like any
-    other: the allocator poison NaN-fills it before every candidate call. No kernel runs: no GPU turn needed."""
+    cudaMalloc, where a fresh process otherwise makes one for each new tensor size. The block is free memory of this
+    process like any other: the allocator poison NaN-fills it before every candidate call. No kernel runs: no GPU
+    turn needed."""
     try:
         block = torch.empty(min(nbytes, _RESERVE_CAP), dtype=torch.uint8, device="cuda")
     except torch.cuda.OutOfMemoryError:   # (only a saving: the job allocates as it goes instead)
@@ -1239,8 +1233,8 @@ def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
     """A keyed checksum of each tensor's bytes, computed where it lives: sum over words w_i of w_i * ((a*i + b) mod p)
     in wrapping int64 arithmetic (order-independent, so deterministic on the GPU), a and b drawn from `key`. Changing
     any word changes it unless the change was made to cancel out under weights the candidate does not know. The
-    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a 256 MB output is
-    copied in 0.2 ms on the device instead of paying ~0.15 s of page-locked host memory per trial."""
+    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a device copy of a
+    large output is far cheaper than a page-locked host copy per trial."""
     a, b = key % (_FINGERPRINT_PRIME - 1) + 1, (key >> 32) % _FINGERPRINT_PRIME
     sums = []
     for t in _tensors(out):
@@ -1315,7 +1309,7 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
     check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
     inputs_on_device the inputs are made on the GPU inside the turn (milliseconds) and stay there
-    (details["trials_on"]); on the host they are made before the turn (CPU work, ~1.6 s for a 256 MB task, and a
+    (details["trials_on"]); on the host they are made before the turn (CPU work, seconds for a 256 MB task, and a
     timer waits for every holder). A reference that mentions cuda may put them on the GPU itself: turn first."""
     device, opts = torch.device(job["device"]), job["opts"]
     on_device = device.type == "cuda" and opts["inputs_on_device"]
@@ -1353,20 +1347,19 @@ def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
 
 def _load_reference(ev: _Evaluation) -> dict | None:
     """Stage 1: the task's trials and reference outputs, before any candidate code exists in this process: made here
-    (_reference), or received from the parent (a task's candidates in one map call share one reference job's trials
-    and eager timing, _job_reference)."""
+    (_reference), or received from the parent (a task's candidates in one map call share one reference job's
+    trials, _job_reference)."""
     job, conn, details = ev.job, ev.conn, ev.details
     conn.send(("phase", "reference"))
     try:
         if "pack" in job:
             ev.ref, ev.init_inputs, ev.trials, ev.ref_mutates = _receive_reference(job, conn, details)
             _gpu_turn(conn, ev.turn)
-            ev.ref_model, ev.ref_ms = None, job["pack"]["ref_ms"]
-            if not ev.ref_ms and ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved
+            ev.ref_model = None
+            if ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved with the candidate
                 ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, ev.device, ev.opts)
         else:
             ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
-            ev.ref_ms = None
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
@@ -1495,7 +1488,7 @@ class _Instrumentation:
     def yield_turn(self) -> None:
         """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
         whole check (the parent gives the shared turn back and waits for it again, behind any waiting timer). So
-        a timer waits for one trial of each holder instead of their whole checks (H200: 1.85 s per candidate)."""
+        a timer waits for one trial of each holder instead of their whole checks."""
         if self.turn is not None:
             _pass_turn(self.turn, self.device)
 
@@ -1616,8 +1609,7 @@ def _poison_cuda_allocator() -> None:
     storage, a C++ allocation) holds no stale result, such as the reference's freed output (pitfall #1). Each free
     block is taken by asking for exactly its size (the allocator's best fit), filled, and given back: no driver call.
     Memory the cache has not got comes fresh from cudaMalloc, and this process never returned any to the driver
-    before the candidate's calls (no empty_cache), so no old result of ours can be in it. (Emptying the cache and
-    flooding 4x a trial's bytes instead, as before, took ~0.1 s per call, ~0.8 s per candidate on the H200.)"""
+    before the candidate's calls (no empty_cache), so no old result of ours can be in it."""
     torch.cuda.synchronize()
     torch.empty(1, device="cuda")   # an allocation first: frees deferred by record_stream become free blocks
     free = [block["size"] for segment in torch.cuda.memory_snapshot() for block in segment["blocks"]
@@ -1693,7 +1685,7 @@ def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None
         if not o.numel():
             continue
         # Four numbers, one host sync: on a GPU shared by several worker processes a sync waits for the others' time
-        # slices (a worker profile: ~10-20 ms per sync with 8 workers, H200), and this runs for every trial
+        # slices, and this runs for every trial
         o32, r32 = (o.float(), r.float()) if o.dtype in (torch.float16, torch.bfloat16) else (o, r)
         finite = torch.isfinite(o32) & torch.isfinite(r32)
         diff = torch.where(finite, (o32 - r32).abs(), torch.zeros_like(o32))
@@ -1917,9 +1909,6 @@ def _median_ci_width(xs: list) -> float:
     return (xs[n - 1 - k] - xs[k]) / max(xs[n // 2], 1e-9)
 
 
-                                                                     # stand-in for the old harness)
-
-
 def _median(xs: list) -> float:
     return sorted(xs)[len(xs) // 2]
 
@@ -2014,8 +2003,8 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
             if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
                 break
-    # compared on the GPU (the host copy goes there): a pageable copy of a 256 MB output to the host takes ~0.23 s,
-    # inside the exclusive turn
+    # compared on the GPU (the host copy goes there): a pageable copy of a large output to the host would take a
+    # large part of a second inside the exclusive turn
     times["ref_intact"] = all(_same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
                               for host, gpu_copy in zip(_tensors(tr["out"]), _tensors(out)))
     return times
@@ -2028,7 +2017,6 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     if not (ev.device.type == "cuda" and ev.opts["timing"]):
         return None
     instr, details, opts, device, trials, conn = ev.instr, ev.details, ev.opts, ev.device, ev.trials, ev.conn
-    ref_model, ref_ms = ev.ref_model, ev.ref_ms
     instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
     clock = time.monotonic()
     # the aten ops recorded so far: the forward captured for timing must add none. (Its launches are not
@@ -2036,13 +2024,11 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     ops = collections.Counter(instr.ops)
     timed = instr.recorded_when_captured(ev.cand_model)
     try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
-        models = {"cand": timed} if ref_ms else {"ref": ref_model, "cand": timed}
-        times = _time_models(models, trials, device, opts["timing_budget_s"], checked="cand", tol=(ev.atol, ev.rtol),
+        times = _time_models({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
+                             checked="cand", tol=(ev.atol, ev.rtol),
                              exclusive=lambda: _gpu_turn(conn, "exclusive"), **_timing_rule(opts))
     except Exception as e:
         return ev.failed(_classify(e), _format_exception(e))
-    if ref_ms:   # the shared reference's eager times (its own job, same trials, same method, the GPU alone)
-        times["ref"] = ref_ms
     hit = instr.verify()
     if hit:
         return ev.failed("reward_hack", hit[1], hit[0])
@@ -2065,9 +2051,9 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
         details["graph_fallback"] = times["graph_fallback"]
     ev.timing = dict(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
                      speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
-    if opts["compile_baseline"] and ref_model is not None:   # after verify(): torch.compile starts threads
+    if opts["compile_baseline"] and ev.ref_model is not None:   # after verify(): torch.compile starts threads
         try:
-            compiled = torch.compile(ref_model)
+            compiled = torch.compile(ev.ref_model)
             ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"])["compiled"])
             details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(_median(cand_ms), 1e-9))
         except Exception as e:   # the baseline is optional: report, do not fail the candidate
@@ -2111,10 +2097,6 @@ def _tensor_from(buf: bytearray, spec: tuple) -> torch.Tensor:
     dtype, size, stride, offset = spec
     raw = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
     return raw.view(getattr(torch, dtype)).as_strided(size, stride, offset)
-
-
-def _send_raw(conn: Connection, buf) -> None:
-    conn.send_bytes(buf)
 
 
 def _recv_raw(conn: Connection) -> bytearray:
@@ -2174,42 +2156,31 @@ def _pread(fd: int, offset: int, size: int) -> bytearray:
 
 
 def _job_reference(job: dict, conn: Connection) -> dict:
-    """A task's reference work, done once for all of its candidates in a map call: trials (inputs and reference
-    outputs) and, on a GPU with timing, the eager reference timed alone, exactly as a candidate job times it. The
-    trials go to the parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent keeps them in
+    """A task's reference work, done once for all of its candidates in a map call: its trials (inputs and reference
+    outputs; each candidate still times the reference itself, interleaved with its own reps). The trials go to the
+    parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent keeps them in
     a sealed memory file, from which each candidate reads its own copy before it is imported (_receive_reference)."""
-    device, opts, details = torch.device(job["device"]), job["opts"], {}
+    details = {}
     conn.send(("phase", "reference"))
     try:
-        _, _, ref_model, trials, ref_mutates = _reference(job, conn, details, "shared")
+        _, _, _, trials, ref_mutates = _reference(job, conn, details, "shared")
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
-    ref_ms = None
-    if device.type == "cuda" and opts["timing"] and opts["share_ref_timing"]:
-        conn.send(("phase", "run"))
-        clock = time.monotonic()
-        try:
-            rule = _timing_rule(opts)
-            ref_ms = _time_models({"ref": ref_model}, trials, device, opts["timing_budget_s"],
-                                  exclusive=lambda: _gpu_turn(conn, "exclusive"), **rule)["ref"]
-        except Exception as e:
-            return _fail(_classify(e), "timing the reference failed: " + _format_exception(e), details)
-        details["ref_timing_s"] = _since(clock)
     tensors = []
     skeleton = _strip_tensors([[tr["inputs"], tr["out"], tr["heavy"]] for tr in trials], tensors)
     tensors = [t.cpu() for t in tensors]   # (inputs made on the GPU travel through the host like the rest)
     buffers = [_storage_bytes(t) for t in tensors]
-    meta = {"trials": skeleton, "ref_mutates": ref_mutates, "ref_ms": ref_ms,
+    meta = {"trials": skeleton, "ref_mutates": ref_mutates,
             "tensors": [(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.stride(), t.storage_offset())
                         for t in tensors],
             "nbytes": sum(len(b) for b in buffers),
             "trial_bytes": [_nbytes(trials[0]["inputs"]), _nbytes(_tensors(trials[0]["out"]))],
-            "details": {k: details[k] for k in ("heavy_trial", "trials_capped", "ref_inputs_s", "ref_outputs_s",
-                                                "ref_timing_s") if k in details}}
+            "details": {k: details[k] for k in ("heavy_trial", "trials_capped", "ref_inputs_s", "ref_outputs_s")
+                        if k in details}}
     conn.send(("pack", meta))
     for buf in buffers:
-        _send_raw(conn, buf)
+        conn.send_bytes(buf)
     return {"error_kind": "ok", "details": details}
 
 
@@ -2249,8 +2220,8 @@ def _job_compile(job: dict, conn: Connection) -> dict:
 
 def _repeatable(a, b) -> bool:
     """Two runs of a task on the same inputs agree: bit for bit, or for floats within a tenth of the candidates'
-    tolerance (a CPU GEMM's first and second calls can differ by 5e-6 relative: 023_LinearSiluLogSumExp on the
-    2-core box; such noise cannot flip a verdict, while randomness differs by O(1))."""
+    tolerance (a CPU GEMM's first and second calls can differ by ~1e-6 relative; such noise cannot flip a verdict,
+    while randomness differs by O(1))."""
     if _same(a, b):
         return True
     tol = TOLERANCES.get(str(a.dtype).removeprefix("torch."), 1e-4) / 10 if a.is_floating_point() else None
@@ -2300,9 +2271,8 @@ def _job_lint(job: dict, conn: Connection) -> dict:
         run()
         run()   # same inputs twice -> the same output
         differ = disagree(0, 1)
-        # If not, a third run decides: randomness disagrees with both. (Clean-clone CI runs on the 2-core box twice
-        # saw half of a 16M-value tanh output off by ~1e-5 relative in one of two runs, Tanh and
-        # ResidualGatedChain, never reproduced in hundreds of repeats.)
+        # If not, a third run decides: randomness disagrees with both, while a rare one-off difference on a loaded
+        # CPU agrees with one of them
         if differ:
             run()
             if not disagree(2, 0) or not disagree(2, 1):
@@ -2487,8 +2457,7 @@ class Evaluator:
             if "TORCH_CUDA_ARCH_LIST" in cpu_env:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
             # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),
-            # and with one spare per slot a round's candidates waited ~2 s each for one (H200, 128 Triton candidates).
-            # Each idle worker holds ~0.5-1 GB of host memory and a CUDA context.
+            # and one spare per slot left candidates waiting for one. Each holds ~1 GB of host memory and a context.
             self.pools[gpu] = _Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
             self.gates[gpu] = _Gate(_gpu_lock_path(gpu), max_shared=self.gpu_checkers)
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
@@ -2536,7 +2505,7 @@ class Evaluator:
             pack = shared.get(lambda ref_job: run(ref_job), job, self)
             if pack is not None:
                 meta = pack["meta"]
-                job = dict(job, pack={**{k: meta[k] for k in ("trials", "ref_mutates", "ref_ms", "tensors", "details")},
+                job = dict(job, pack={**{k: meta[k] for k in ("trials", "ref_mutates", "tensors", "details")},
                                       "extents": pack["extents"]},
                            pack_fd=pack["fd"],
                            mem=_memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
