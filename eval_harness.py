@@ -100,13 +100,13 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     forked worker calls setsid() first, so the kill reaches its whole group; its zygote reaps it and reports its
     exit code (a segfault reads SIGSEGV). The zygote must never ask the CUDA driver anything (importing
     torch.utils.cpp_extension does): torch then refuses CUDA in every forked child.
-  - Shared reference work (share_reference, off by default until its speedups match, BENCHMARKS.md, "Harness throughput for RL rounds"): the
-    candidates of one task in one map call (a GRPO group, an eval's samples) get their
-    trials (inputs and reference outputs) and eager timing from one "reference" job. The parent keeps the trials
-    in an anonymous memory file sealed against writes (memfd) and passes each candidate's worker its descriptor;
-    the worker reads its own copy and closes it before the candidate is imported: nothing a candidate does
-    reaches the next one's trials. The worker
-    still loads the task module (same files, same init inputs). A failed reference job: each candidate makes its own.
+  - Shared reference work (share_reference; off by default until its speedups match, BENCHMARKS.md, "Harness
+    throughput for RL rounds"): the candidates of one task in one map call (a GRPO group, an eval's samples) get
+    their trials (inputs and reference outputs) from one "reference" job; each still times the reference itself.
+    The parent keeps the trials in an anonymous memory file sealed against writes (memfd) and passes each
+    candidate's worker its descriptor; the worker reads its own copy and closes it before the candidate is
+    imported: nothing a candidate does reaches the next one's trials. The worker still loads the task module (same
+    files, same init inputs). A failed reference job: each candidate makes its own.
   - Memory admission (_Memory): before a job makes or receives its trials it is admitted by its bytes, host and
     GPU (estimated from get_inputs() on the meta device, or measured by the shared reference job); a job waits
     while they do not fit (details["mem_wait_s"]), and one larger than the whole budget runs alone.
@@ -1446,11 +1446,8 @@ class _Instrumentation:
                 fn = getattr(kernel, "fn", None)
                 if self.recording and not kwargs.get("warmup") and getattr(fn, "__module__", None) == self.module_name:
                     self.launches[fn.__name__] += 1
-                self.paused += 1
-                try:
+                with self.unrecorded():
                     return _original(kernel, *args, **kwargs)
-                finally:
-                    self.paused -= 1
             cls.run = run
         if hasattr(JITFunction, "_do_compile"):   # (triton >= 3.3)
             def do_compile(kernel, *args, _original=JITFunction._do_compile, **kwargs):
@@ -1463,12 +1460,18 @@ class _Instrumentation:
         def tune(tuner, *args, _original=Autotuner.run, **kwargs):
             if interpreted:   # the interpreter cannot benchmark (no driver): correctness only, so take the first config
                 tuner.configs = tuner.configs[:1]
-            self.paused += 1
-            try:
+            with self.unrecorded():
                 return _original(tuner, *args, **kwargs)
-            finally:
-                self.paused -= 1
         Autotuner.run = tune
+
+    @contextlib.contextmanager
+    def unrecorded(self):
+        """Torch ops run by Triton itself (launcher, interpreter, autotuner) are not the candidate's: not recorded."""
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
 
     @contextlib.contextmanager
     def off_gpu(self):
