@@ -1098,11 +1098,11 @@ class _Evaluation:
         self.device, self.opts = torch.device(job["device"]), job["opts"]
         self.details = {"checks_fired": []}
         self.turn = "exclusive" if job.get("alone") else "shared"   # exclusive: a rerun after an out-of-memory
-        self.ref = self.init_inputs = self.ref_model = None                    # stage 1
+        self.ref = self.init_inputs = self.ref_model = None   # stage 1: the task and its trials
         self.trials, self.ref_mutates, self.atol, self.rtol = [], False, None, None
-        self.cand = self.instr = self.compile_s = None                          # stage 2
-        self.cand_model = None                                                   # stage 3
-        self.timing = {}   # runtime_ms, ref_runtime_ms, speedup                 # stage 5
+        self.cand = self.instr = self.compile_s = None        # stage 2: the imported candidate
+        self.cand_model = None                                # stage 3
+        self.timing = {}                                      # stage 5: runtime_ms, ref_runtime_ms, speedup
 
     def failed(self, kind: str, error: str, check: str | None = None) -> dict:
         """A verdict once the candidate has imported."""
