@@ -100,7 +100,7 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     forked worker calls setsid() first, so the kill reaches its whole group; its zygote reaps it and reports its
     exit code (a segfault reads SIGSEGV). The zygote must never ask the CUDA driver anything (importing
     torch.utils.cpp_extension does): torch then refuses CUDA in every forked child.
-  - Shared reference work (share_reference; off by default until its speedups match, BENCHMARKS.md, "Harness
+  - Shared reference work (share_reference; off by default: slower on the round batch, BENCHMARKS.md, "Harness
     throughput for RL rounds"): the candidates of one task in one map call (a GRPO group, an eval's samples) get
     their trials (inputs and reference outputs) from one "reference" job; each still times the reference itself.
     The parent keeps the trials in an anonymous memory file sealed against writes (memfd) and passes each
@@ -201,8 +201,8 @@ DEFAULTS = dict(
                              # stay there (ms instead of seconds of host randn + copies for a 256 MB task); False:
                              # made on the host (and the reference outputs kept there). No-op on the CPU
     share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
-                             # None: on a GPU only. Off by default: its speedups disagree with unshared ones
-                             # (BENCHMARKS.md, "Harness throughput for RL rounds")
+                             # None: on a GPU only. Off by default: same verdicts and speedups, but slower on the
+                             # round batch (BENCHMARKS.md, "Harness throughput for RL rounds")
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )
