@@ -2233,7 +2233,7 @@ def _repeatable(a, b) -> bool:
 
 
 def _job_lint(job: dict, conn: Connection) -> dict:
-    """Task quality rules (DESIGN "The task format"); the module is untrusted, hence a worker."""
+    """Task quality rules (pitfall 8, degenerate tasks); the module is untrusted, hence a worker."""
     conn.send(("phase", "reference"))
     _gpu_turn(conn, "shared")
     device, opts = torch.device(job["device"]), job["opts"]

@@ -979,7 +979,7 @@ def test_harness_cli_check_run_lint(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# GPU tests (the lead runs them on the H200: python -m pytest -q -m gpu test_kernelzero.py)
+# GPU tests (run on a GPU machine: python -m pytest -q -m gpu test_kernelzero.py)
 
 GPU_RELU_TASK = RELU_TASK.replace("N = 4096", "N = 64 * 1024 * 1024")   # 256 MB: >= 50 us eager on an H200
 GPU_MATMUL_TASK = MATMUL_TASK
@@ -1447,7 +1447,7 @@ def test_cudabuild_triton_example_is_correct_on_cpu():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GPU tests (the lead runs them on the H200)
+# GPU tests (skipped without a GPU)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -1875,7 +1875,7 @@ def test_solutions_triton_golden_ok_on_cpu(task):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Golden solutions: the GPU (the lead runs these on the H200)
+# Golden solutions: the GPU (skipped without a GPU)
 
 
 @pytest.mark.gpu
@@ -2067,7 +2067,7 @@ def _trainer_close(t, values, atol=1e-6):
     assert torch.allclose(torch.as_tensor(t, dtype=torch.float), torch.tensor(values, dtype=torch.float), atol=atol), t
 
 
-# ---- group_advantages (grpo.md "Advantages")
+# ---- group_advantages (the worked numbers in its docstring)
 
 def test_trainer_group_advantages_numbers():
     _trainer_close(kz.group_advantages(torch.tensor([1., 0, 0, 1]), 4), [0.865875, -0.865875, -0.865875, 0.865875])
@@ -2084,7 +2084,7 @@ def test_trainer_group_advantages_numbers():
         kz.group_advantages(torch.tensor([1., 0]), 2, scale="batch")
 
 
-# ---- ca_grpo_loss (grpo.md "Policy loss" table, aggregation, gradients, KL)
+# ---- ca_grpo_loss (its docstring: the policy-loss table, aggregation, gradients, KL)
 
 def _trainer_token_loss(rho, adv, clip_high):
     logp = torch.tensor([[math.log(rho)]], requires_grad=True)
@@ -2226,7 +2226,7 @@ def test_trainer_all_correct_group_learns_speed_exactly_when_speedups_differ():
             assert all(a[order[i]] <= a[order[i + 1]] for i in range(3))
 
 
-# ---- frontier reward (grpo.md "Frontier / uncertainty reward")
+# ---- frontier reward (its docstring: the uncertainty-band reward)
 
 def test_trainer_frontier_reward():
     _trainer_close(kz.frontier_reward(torch.tensor([0.3, 0.5, 0.0, 1.0, 0.7]), torch.ones(5, dtype=torch.bool)),
@@ -2574,7 +2574,7 @@ def _trainer_sdpa_spy(monkeypatch, wrong_heads=False):
     return shapes
 
 
-def _trainer_logits_stock_and_gqa(model, tok, ours="sdpa_gqa"):
+def _trainer_logits_stock_and_gqa(model, tok):
     """Logits of a left-padded batch under "sdpa" and "sdpa_gqa": a full forward, then 4 decode steps one token at a
     time with a DynamicCache, then generate with a static cache (the trainer's GPU decode path, here uncompiled)."""
     from transformers import DynamicCache
@@ -2582,7 +2582,7 @@ def _trainer_logits_stock_and_gqa(model, tok, ours="sdpa_gqa"):
     assert (enc.attention_mask[:, 0] == 0).any()
     res = {}
     for gqa in (False, True):
-        kz.set_attention(model, ours if gqa else "sdpa")
+        kz.set_attention(model, "sdpa_gqa" if gqa else "sdpa")
         with torch.no_grad():
             full = model(**enc).logits
             cache, ids, mask, steps = DynamicCache(config=model.config), enc.input_ids, enc.attention_mask, []
@@ -2616,30 +2616,6 @@ def test_trainer_gqa_attention_test_catches_a_wrong_head_mapping(monkeypatch):
     res, _ = _trainer_logits_stock_and_gqa(model, tok)
     for stock, ours in zip(res[False], res[True]):
         assert not torch.allclose(stock, ours, atol=1e-5, rtol=1e-5)
-
-
-def test_trainer_matmul_decode_attention_matches_stock_sdpa(monkeypatch):
-    """"matmul_decode": inside a compiled decode step (is_compiling patched True; here it runs eagerly) one-query
-    steps attend through two matmuls around a masked softmax; the logits of prefill, cached decode steps and
-    static-cache generate equal stock sdpa's, and outside compilation the path is not taken."""
-    model, tok = _trainer_gqa_model()
-    stock, _ = _trainer_logits_stock_and_gqa(model, tok)
-    calls, softmax = [], torch.Tensor.softmax
-
-    def spy(x, *a, **kw):   # the matmul path's softmax sees (B, Hkv, G, L) fp32 scores
-        calls.append(tuple(x.shape))
-        return softmax(x, *a, **kw)
-    monkeypatch.setattr(torch.Tensor, "softmax", spy)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    res, _ = _trainer_logits_stock_and_gqa(model, tok, ours="matmul_decode")
-    for a, b in zip(stock[False], res[True]):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
-    # decode steps only: 3 sequences, 2 K/V heads, G = 3 query rows each
-    assert calls and all(c[:3] == (3, 2, 3) for c in calls), calls
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
-    calls.clear()
-    _trainer_logits_stock_and_gqa(model, tok, ours="matmul_decode")
-    assert calls == []
 
 
 def _trainer_gqa_policy(**kw):
@@ -2775,7 +2751,7 @@ def test_trainer_sft_lowers_target_loss():
     cfg = _trainer_cfg(sft_lr=1e-2, sft_batch=4, micro_batch=2, max_new_tokens=64)
     pol = kz.make_policy("tiny", cfg, cfg.sft_lr, torch.device("cpu"))
     examples = [("relu please", "```python\nclass ModelNew: relu\n```"), ("gelu?", "```python\nclass ModelNew: gelu\n```")]
-    ids, mask, labels = kz.sft_batch(pol.tok, examples, cfg, torch.device("cpu"))
+    ids, mask, labels = kz.sft_collate(pol.tok, examples, cfg, torch.device("cpu"))
     n_prompt = len(pol.tok("relu please").input_ids)
     assert torch.all(labels[0, :n_prompt] == -100) and labels[0, n_prompt] == ids[0, n_prompt]
     assert labels[0][labels[0] != -100][-1] == pol.tok.eos_token_id  # trained to stop
@@ -2978,7 +2954,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
     assert not os.path.exists(os.path.join(resumed, "ckpt_00001"))  # older checkpoints are dropped
 
 
-# ---- GPU (the lead runs these on the H200)
+# ---- GPU (skipped without a GPU)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -3076,12 +3052,12 @@ def _bench_run(tmp_path, *argv):
 
 def test_bench_attention_cpu_times_each_variant_and_checks_it_against_float64(tmp_path):
     """bench.py attention on the CPU: a record per variant with its median time and its error against a float64
-    reference (fp32 here: far below bf16's 1e-3); the compiled matmul_decode is kernelzero's own function."""
+    reference (fp32 here: far below bf16's 1e-3)."""
     rows = _bench_run(tmp_path, "attention", "--attention-models", "qwen-tiny-shape", "--attention-batches", "2",
                       "--attention-cache", "64", "--attention-filled", "48", "--attention-reps", "2",
-                      "--attention-variants", "sdpa_gqa,matmul_decode_compiled")
+                      "--attention-variants", "sdpa_gqa,sdpa_gqa_compiled")
     assert [(r["section"], r["variant"]) for r in rows] == [("attention_step", "sdpa_gqa"),
-                                                           ("attention_step", "matmul_decode_compiled")]
+                                                           ("attention_step", "sdpa_gqa_compiled")]
     for r in rows:
         assert r["model"] == "qwen-tiny-shape" and r["batch"] == 2 and r["layers"] == 2 and r["floor_ms"] is None
         assert 0 < r["min_ms"] <= r["ms_per_step"] <= r["max_ms"] and r["rel_err"] < 1e-5
