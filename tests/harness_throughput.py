@@ -8,7 +8,7 @@ import eval_harness as eh
 
 
 def _t():
-    import test_kernelzero as t
+    from tests import common as t
     return t
 
 

@@ -1,0 +1,144 @@
+"""Tests for bench.py: attention, rollout and train on the CPU (tiny models; the numbers come from the H200), the
+rollout profile, the forced full-length generate and the greedy check."""
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import bench
+import kernelzero as kz
+
+_BENCH_CPU = torch.device("cpu")
+
+
+def _bench_run(tmp_path, *argv):
+    bench.main(bench.parse_args([*argv, "--out", str(tmp_path)]))
+    return [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
+
+
+def test_bench_attention_cpu_times_each_variant_and_checks_it_against_float64(tmp_path):
+    """bench.py attention on the CPU: a record per variant with its median time and its error against a float64
+    reference (fp32 here: far below bf16's 1e-3)."""
+    rows = _bench_run(tmp_path, "attention", "--attention-models", "qwen-tiny-shape", "--attention-batches", "2",
+                      "--attention-cache", "64", "--attention-filled", "48", "--attention-reps", "2",
+                      "--attention-variants", "sdpa_gqa,sdpa_gqa_compiled")
+    assert [(r["section"], r["variant"]) for r in rows] == [("attention_step", "sdpa_gqa"),
+                                                           ("attention_step", "sdpa_gqa_compiled")]
+    for r in rows:
+        assert r["model"] == "qwen-tiny-shape" and r["batch"] == 2 and r["layers"] == 2 and r["floor_ms"] is None
+        assert 0 < r["min_ms"] <= r["ms_per_step"] <= r["max_ms"] and r["rel_err"] < 1e-5
+    with pytest.raises(SystemExit, match="attention-variants"):
+        _bench_run(tmp_path, "attention", "--attention-variants", "flash")
+
+
+def _bench_tiny_policy(name="tiny"):
+    kcfg = bench.trainer_config(_BENCH_CPU)
+    return bench.bench_policy(name, kcfg, _BENCH_CPU), kcfg
+
+
+def _bench_prompts(n):
+    tasks = kz.load_tasks(1)
+    return [kz.coder_prompt(tasks[i][1], "triton", False) for i in range(n)]
+
+
+def test_bench_rollout_cpu_writes_records_with_full_length_and_greedy_identity(tmp_path):
+    rows = _bench_run(tmp_path, "rollout", "--rollout-models", "tiny", "--rollout-batches", "1,2", "--rollout-new-tokens", "8",
+               "--baseline-new-tokens", "4", "--greedy-batch", "2", "--greedy-new-tokens", "6",
+               "--greedy-update-lr", "1e-2")
+    rollouts = [r for r in rows if r["section"] == "rollout"]
+    assert [r["batch"] for r in rollouts] == [1, 2]
+    for r in rollouts:
+        assert r["model"] == "tiny" and r["gpu"] is None and r["ours"]["peak_gb"] is None and r["attention"] == "sdpa_gqa"
+        assert r["ours"]["new_tokens"] == r["batch"] * 8   # EOS masked: every completion is full length
+        assert r["ours_tok_s"] > 0 and r["plain_tok_s"] > 0   # (decode_ms alone can dip below 0 on a noisy CPU)
+        assert r["speedup"] == pytest.approx(r["ours_tok_s"] / r["plain_tok_s"])
+        assert r["plain"]["prompt_len"] % kz.PRESETS["tiny"]["prompt_bucket"] == 0
+    (greedy,) = [r for r in rows if r["section"] == "greedy"]
+    assert greedy["match_before"] and greedy["match_after"] and greedy["agree_after"] == 1.0
+    assert greedy["weights_changed_output"] and not greedy["stale"]   # the update moved the output: not vacuous
+
+
+def test_bench_rollout_cpu_random_qwen_shape_attention_on_and_off(tmp_path):
+    rows = _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-batches", "2",
+               "--rollout-new-tokens", "6", "--baseline-new-tokens", "2", "--greedy-batch", "0",
+               "--rollout-attention", "sdpa_gqa,sdpa")
+    *rollouts, ratio = rows
+    assert [(r["section"], r["attention"]) for r in rollouts] == [("rollout", "sdpa_gqa"), ("rollout", "sdpa")]
+    for r in rollouts:
+        assert r["model"] == "qwen-tiny-shape" and r["ours"]["new_tokens"] == 12
+    assert ratio["section"] == "attention" and ratio["batch"] == 2
+    ms = {r["attention"]: r["ours_ms_per_step"] for r in rollouts}
+    assert ratio["attention"] == "sdpa_gqa"
+    assert ratio["ms_per_step"] == pytest.approx(ms["sdpa_gqa"]) and ratio["sdpa_ms_per_step"] == pytest.approx(ms["sdpa"])
+    assert ratio["ratio"] == pytest.approx(ms["sdpa"] / ms["sdpa_gqa"])
+    with pytest.raises(SystemExit, match="rollout-attention"):
+        _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-attention", "flash")
+    policy, _ = _bench_tiny_policy("qwen-tiny-shape")
+    assert type(policy.model).__name__ == "Qwen2ForCausalLM" and policy.model.config.num_key_value_heads == 2
+    assert policy.model.config.tie_word_embeddings and policy.sampler is policy.model   # CPU: no bf16 copy
+    assert policy.sampler.config._attn_implementation == "sdpa_gqa"   # the trainer's default
+    policy, _ = _bench_tiny_policy("qwen-tiny-shape")
+    assert type(policy.model).__name__ == "Qwen2ForCausalLM" and policy.model.config.num_key_value_heads == 2
+    assert policy.model.config.tie_word_embeddings and policy.sampler is policy.model   # CPU: no bf16 copy
+
+
+def test_bench_rollout_profile_skipped_on_cpu_and_its_window_holds_exactly_the_steps(tmp_path, capsys):
+    rows = _bench_run(tmp_path, "rollout", "--rollout-models", "qwen-tiny-shape", "--rollout-batches", "1",
+                      "--rollout-new-tokens", "4", "--baseline-new-tokens", "2", "--greedy-batch", "0",
+                      "--rollout-profile")
+    assert "rollout profile: skipped" in capsys.readouterr().out
+    assert [r["section"] for r in rows] == ["rollout"]
+    assert bench.parse_args(["rollout"]).rollout_profile is False   # a real flag, not type=bool
+    # the profiling itself (CPU activities only here): the window spans `steps` decode steps, one sample each
+    policy, kcfg = _bench_tiny_policy()
+    res, prof = bench.profile_decode(policy, _bench_prompts(2), dataclasses.replace(kcfg, max_new_tokens=20,
+                                                                                    gen_batch_size=2), 5, warm=3)
+    assert sum(e.name == "aten::multinomial" for e in prof.events()) == 5
+    assert res["steps"] == 5 and res["wall_ms_per_step"] > 0 and res["top"] == [] and res["gpu_busy"] == 0
+
+
+def test_bench_train_cpu_writes_records(tmp_path):
+    rows = _bench_run(tmp_path, "train", "--train-models", "tiny", "--train-seqs", "4", "--train-seq-len", "48",
+               "--train-prompt-len", "16", "--train-steps", "1", "--train-micro-batch", "2",
+               "--train-logprob-chunk", "0,20")   # 32 completion tokens: chunks of 20 and 12
+    assert rows[0]["section"] == "matmul" and rows[0]["tflops"] is None   # GPU-only
+    trains = [r for r in rows if r["section"] == "train"]
+    assert [(r["grad_ckpt"], r["logprob_chunk"]) for r in trains] == [("off", 0), ("off", 20), ("on", 0), ("on", 20)]
+    params = sum(p.numel() for p in _bench_tiny_policy()[0].model.parameters())
+    for r in trains:
+        assert r["micro_batch"] == 2 and r["params"] == params and r["step_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(4 * 48 / r["step_s"])
+        assert r["tflops"] == pytest.approx(6 * params * 4 * 48 / r["step_s"] / 1e12)
+        assert r["peak_gb"] is None and r["frac_of_matmul"] is None
+
+
+def test_bench_forced_generate_masks_eos_and_restores_generate():
+    policy, kcfg = _bench_tiny_policy()
+    enc = bench.encode(policy.tok, _bench_prompts(1), kcfg)
+    kw = dict(input_ids=enc.input_ids, attention_mask=enc.attention_mask, do_sample=False,
+              pad_token_id=policy.tok.pad_token_id)
+    first = int(policy.model.generate(**kw, max_new_tokens=1)[0, -1])
+    stopped = policy.model.generate(**kw, max_new_tokens=5, eos_token_id=first)   # its first token is the EOS
+    assert stopped.shape[1] == enc.input_ids.shape[1] + 1
+    with bench.forced_generate(policy.model):
+        full = policy.model.generate(**kw, max_new_tokens=5, eos_token_id=first)
+    assert full.shape[1] == enc.input_ids.shape[1] + 5 and first not in full[0, enc.input_ids.shape[1]:].tolist()
+    assert "generate" not in vars(policy.model)   # the method is back
+
+
+def test_bench_greedy_check_catches_a_rollout_path_that_keeps_old_weights(monkeypatch):
+    """A compiled decode that kept its own copy of the weights would sample from the old policy: simulate it."""
+    policy, kcfg = _bench_tiny_policy()
+    cfg = bench.Config(greedy_new_tokens=6, greedy_update_lr=1e-2)
+    real_rollout, frozen = kz.rollout, []
+
+    def stale_rollout(model, tok, prompts, kcfg, sampler=None, desc=""):
+        frozen.append(frozen[0] if frozen else copy.deepcopy(sampler))   # the sampler as it was at the first call
+        with bench.forced_generate(frozen[-1]):   # (greedy_check runs rollout at temperature 0)
+            return real_rollout(model, tok, prompts, kcfg, frozen[-1])
+    monkeypatch.setattr(kz, "rollout", stale_rollout)
+    res = bench.greedy_check(policy, _bench_prompts(2), kcfg, cfg, _BENCH_CPU)
+    assert res["match_before"] and res["weights_changed_output"]
+    assert not res["match_after"] and res["stale"]

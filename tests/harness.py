@@ -1,0 +1,796 @@
+"""Tests for eval_harness.py: known-good candidates, one adversarial candidate per pitfall row (the table in
+eval_harness.py's docstring; CASES in tests/common.py), isolation (timeouts, crashes, no processes left), CLI, lint.
+
+CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
+per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
+GPU tests: `python -m pytest -q -m gpu test_kernelzero.py` on a machine with CUDA.
+"""
+import collections
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import eval_harness as eh
+from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
+                          GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_TASK, ROOT, SEGFAULT,
+                          WRONG, _HEADER, _harness_relu)
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Correctness and anti reward hacking: the rows of CASES and HANG_CASES, one Evaluator batch per option set
+
+HANG_CASES = {   # short run/compile limits
+    "hang": (RELU_TASK, HANG, "timeout", None),
+    "hang_at_import": (RELU_TASK, "import time\ntime.sleep(1000)\n" + GOOD_RELU, "timeout", None),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _harness_batch(group: str) -> dict:
+    """Evaluate every case of a group in one Evaluator (2 workers); name -> KernelResult."""
+    cases, opts = {"main": (CASES, {}), "hang": (HANG_CASES, {"run_timeout": 5, "compile_timeout": 5})}[group]
+    names = list(cases)
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, **opts) as ev:
+        results = ev.map([(cases[n][0], cases[n][1]) for n in names])
+    return dict(zip(names, results))
+
+
+def _harness_check(name: str, group: str = "main") -> eh.KernelResult:
+    cases = CASES if group == "main" else HANG_CASES
+    _, _, kind, check = cases[name]
+    result = _harness_batch(group)[name]
+    assert result.error_kind == kind, (name, result.error_kind, result.error, result.details)
+    assert result.correct == (kind == "ok")
+    if check:
+        assert result.details.get("check") == check, (name, result.details, result.error)
+    json.dumps(eh.dataclasses.asdict(result))   # JSON-serialisable
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_harness_case(name):
+    result = _harness_check(name)
+    if result.error_kind == "ok":
+        assert result.compiled and result.details["trials"] == 6 and result.details["heavy_trial"]
+        assert result.speedup is None and result.runtime_ms is None   # CPU: correctness only
+        assert sum(result.details["launches"].values()) >= 6
+
+
+@pytest.mark.parametrize("name", sorted(HANG_CASES))
+def test_harness_hang_is_timeout(name):
+    result = _harness_check(name, "hang")
+    assert result.details["phase"] == ("run" if name == "hang" else "compile")
+
+
+def test_harness_failure_messages_are_specific():
+    batch = _harness_batch("main")
+    assert "NaN" in batch["stale_memory"].error
+    assert "SIGSEGV" in batch["segfault"].error
+    assert "relu" in batch["pytorch_fallback"].error
+    assert "ValueError: boom" in batch["raises"].error
+    assert "(4095,)" in batch["wrong_values"].error
+    assert "allclose" in batch["patch_allclose_runtime"].error
+
+
+def test_harness_cross_entropy_targets_stay_integer():
+    # the reference itself would raise on float targets; ok proves they reached both models as int64
+    assert _harness_batch("main")["good_cross_entropy"].error_kind == "ok"
+
+
+def test_harness_analytic_shortcut_fails_heavy_trial():
+    # With KernelBench v0's 1e-2 tolerance, the constant E[x] = 0.5 passes every uniform trial; only the
+    # heavy-tailed trial (inputs times a log-normal factor) exposes the shortcut (pitfall 9).
+    shortcut = _HEADER + '''
+@triton.jit
+def const_kernel(y_ptr):
+    tl.store(y_ptr + tl.arange(0, 1), tl.full((1,), 0.5, tl.float32))
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = torch.empty(1, device=x.device)
+        const_kernel[(1,)](y)
+        return y
+'''
+    result = eh.evaluate(MEAN_TASK, shortcut, backend="triton", device="cpu", atol=1e-2, rtol=1e-2)
+    assert result.error_kind == "mismatch" and result.details["failed_trial"] == "heavy", result
+
+
+def test_harness_cuda_backend_on_cpu_is_unsupported():
+    result = eh.evaluate(RELU_TASK, GOOD_RELU, backend="cuda", device="cpu")
+    assert result.error_kind == "unsupported" and "GPU" in result.error and not result.correct
+    if not torch.cuda.is_available():
+        assert eh.evaluate(RELU_TASK, GOOD_RELU, backend="cuda").error_kind == "unsupported"
+
+
+def test_harness_static_check_sources():
+    def check(src):
+        return eh._precheck(src, "cuda")
+    cuda = ('import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n'
+            'src = """__global__ void k(float* x) {{ {body} }}"""\n'
+            'ext = load_inline(name="e", cpp_sources="", cuda_sources=src)\nclass ModelNew(nn.Module):\n    pass\n')
+    assert check(cuda.format(body="")) is None
+    assert check("import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'\n" + cuda.format(body="")) is None
+    hit = check(cuda.format(body="auto s = at::cuda::getStreamFromPool();"))
+    assert hit.error_kind == "reward_hack" and hit.details["check"] == "side_stream"
+    assert check(cuda.replace("__global__", "")).error_kind == "format"
+    for line, name in [("import ctypes", "ctypes"), ("import subprocess", "processes"), ("import os\nos.fork()", "processes"),
+                       ("import gc\ngc.get_objects()", "introspection"), ("import inspect", "introspection"),
+                       ("import gc\nf = getattr(gc, 'get_' + 'objects')", "introspection"),
+                       ("import sys\nm = getattr(sys, 'mod' + 'ules')", "introspection"),
+                       ("import os\npid = getattr(os, 'fo' + 'rk')()", "introspection"),
+                       ("torch.set_float32_matmul_precision('high')", "tf32"), ("exec('x=1')", "dynamic_code"),
+                       ("import time\ntime.perf_counter = lambda: 0.0", "monkeypatch"),
+                       ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
+                       ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
+                       ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
+                       ("import sys\nsys.settrace(None)", "introspection"),
+                       ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
+        hit = check(line + "\n" + cuda.format(body=""))
+        assert hit is not None and hit.details["check"] == name, (line, hit)
+
+
+def test_harness_instrumentation_counts_threads():
+    import threading
+    instr = eh._Instrumentation("none", "cpu", "kz_candidate")
+    assert instr.verify() is None
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert instr.verify()[0] == "threads"
+    finally:
+        stop.set()
+        worker.join()
+
+
+def test_harness_build_patch_does_not_trip_the_snapshot():
+    import torch.utils.cpp_extension as cpp
+    original = cpp.load_inline
+    try:
+        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
+        assert cpp.load_inline is not original
+        assert instr.verify() is None
+        cpp.load_inline = original   # what a candidate restoring/replacing it would do
+        assert instr.verify()[0] == "monkeypatch"
+    finally:
+        cpp.load_inline = original
+
+
+def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
+    """A CUDA worker does not import triton at start, but torch's profiler (the kernel-coverage check) does: the
+    triton functions that appear after the snapshot must not read as monkey-patching (this failed every CUDA
+    candidate on the GPU)."""
+    import torch.utils.cpp_extension as cpp
+    from triton.runtime.jit import JITFunction
+    original = cpp.load_inline
+    try:
+        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")
+        for key in [k for k in instr.snapshot if k.split(".")[0] in ("JITFunction", "KernelInterface", "Autotuner",
+                                                                     "InterpretedFunction")]:
+            del instr.snapshot[key]   # as if triton had not been imported when the worker took its snapshot
+        assert instr.verify() is None
+        run = JITFunction.run
+        JITFunction.run = lambda *a, **k: None   # patching what *was* in the snapshot is still caught
+        try:
+            instr.snapshot["JITFunction.run"] = run
+            assert instr.verify()[0] == "monkeypatch"
+        finally:
+            JITFunction.run = run
+    finally:
+        cpp.load_inline = original
+
+
+def test_harness_same_treats_nan_as_equal_and_sees_any_change():
+    """The input-mutation check: bit-for-bit, NaN equal to NaN, one changed element or dtype is a difference."""
+    x = torch.tensor([1.0, float("nan"), -0.5])
+    assert eh._same(x, x.clone()) and eh._same(torch.arange(3), torch.arange(3))
+    y = x.clone()
+    y[2] = 0.5
+    assert not eh._same(x, y) and not eh._same(x, torch.tensor([1.0, 0.0, -0.5]))
+    assert not eh._same(torch.arange(3), torch.tensor([0, 1, 3])) and not eh._same(x, x.double())
+
+
+def test_harness_extract_code():
+    assert eh.extract_code("text\n```python\na = 1\n```\nmore\n```python\nb = 2\n```\nend") == "b = 2"
+    assert eh.extract_code("```\nc = 3\n```") == "c = 3"
+    assert eh.extract_code("```py\nd = 4\n```") == "d = 4"
+    assert eh.extract_code("```python\ne = 5\n```\n```\nplain\n```") == "e = 5"   # python preferred over bare
+    assert eh.extract_code("no code here") is None
+    assert eh.extract_code("") is None
+    assert eh.extract_code("```python\nunterminated = 1\n") is None
+    assert eh.extract_code("```cpp\nint x;\n```") is None
+    assert eh.extract_code("```python\n\n```") is None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Isolation: batches, process accounting, robustness
+
+def _harness_processes_left(grace_s: float = 10.0) -> list[int]:
+    """Harness processes of this checkout still alive (not zombies) once `grace_s` has passed: zygotes (this
+    process's children) and the workers forked from them, wherever they were reparented if their zygote died. A
+    killed worker can take a moment to end (a CUDA context is torn down), hence the grace period."""
+    marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import eval_harness".encode()
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if marker in cmd and _harness_alive(int(pid)):
+                left.append(int(pid))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _harness_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def _harness_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_harness_map_mixed_batch_in_order_and_no_processes_left():
+    pidfile = f"/tmp/kz_harness_child_{uuid.uuid4().hex}.pid"
+    forks_then_hangs = _harness_relu(f'''
+pid = vars(os)["fo" + "rk"]()   # past the static check (getattr with a computed name is caught): the runtime must kill it
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+open({pidfile!r}, "w").write(str(pid))
+while True:
+    pass
+''', extra="import os, time\n")
+    pairs = [(RELU_TASK, GOOD_RELU), (RELU_TASK, forks_then_hangs), (ADD_TASK, GOOD_ADD), (RELU_TASK, SEGFAULT),
+             (RELU_TASK, None), (RELU_TASK, RAISE)]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=6) as ev:
+        results = ev.map(pairs)
+    assert [r.error_kind for r in results] == ["ok", "timeout", "ok", "crash", "format", "runtime"]
+    assert _harness_processes_left() == []
+    with open(pidfile) as f:
+        grandchild = int(f.read())
+    os.remove(pidfile)
+    time.sleep(0.5)
+    assert not _harness_alive(grandchild), "the candidate's own child process survived the timeout"
+
+
+def test_harness_robustness_many_candidates():
+    """~20% hangs/segfaults/raises/memory bombs among good candidates: every one classified, nothing left behind.
+    KZ_HARNESS_ROBUST_N=200 for the long version."""
+    n = int(os.environ.get("KZ_HARNESS_ROBUST_N", "20"))
+    # the memory bomb grows in 256 MB steps: it must stop at the worker's RLIMIT_AS (3 GB here), not eat the machine
+    bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**26))")
+    bad = [(HANG, ("timeout",)), (SEGFAULT, ("crash",)), (RAISE, ("runtime",)), (bomb, ("runtime", "crash"))]
+    plan = [bad[(i // 5) % 4] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
+    rss_before = _harness_rss_mb()
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=20,
+                      memory_limit_gb=3) as ev:
+        results = ev.map([(RELU_TASK, cand) for cand, _ in plan])
+    wrong = [(i, r.error_kind, r.error) for i, (r, (_, kinds)) in enumerate(zip(results, plan)) if r.error_kind not in kinds]
+    assert not wrong, wrong
+    assert _harness_processes_left() == []
+    assert _harness_rss_mb() - rss_before < 150, "parent memory grows with the number of candidates"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# lint_task
+
+def test_harness_lint_good_and_degenerate_tasks():
+    sources = {
+        "good": (RELU_TASK, {}),
+        "kernelbench_style_conv": (CONV_TASK, {}),
+        "relu_on_rand": (RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), {}),   # ReLU is the identity
+        "tiny_output": (RELU_TASK.replace("torch.relu(x)", "torch.relu(x) * 1e-6"), {}),
+        "cross_entropy": (CE_TASK, {}),   # a scalar loss is not degenerate
+        "mean_of_rand": (MEAN_TASK.replace("torch.mean(x).reshape(1)", "x.reshape(16, -1).mean(dim=1)")
+                         .replace("torch.rand(65536)", "torch.rand(262144)"),
+                         {"atol": 1e-2, "rtol": 1e-2}),   # row means of rand: the input mean passes at 1e-2
+        "dropout": (RELU_TASK.replace("torch.relu(x)", "torch.nn.functional.dropout(x, 0.5, training=True)"), {}),
+        # one call of several off (a glitch, not randomness): the third run agrees with the first
+        "glitch_once": (RELU_TASK.replace("return torch.relu(x)", "self.calls = getattr(self, 'calls', 0) + 1\n"
+                                          "        return torch.relu(x) * (1.001 if self.calls == 2 else 1.0)"), {}),
+        "broken": (RELU_TASK.replace("return torch.relu(x)", "raise RuntimeError('bad task')"), {}),
+        "too_big": (RELU_TASK, {"max_input_mb": 0.01}),   # 16 KB of input against a 10 KB limit
+        "missing": ("x = 1\n", {}),
+    }
+    plain = [name for name, (_, opts) in sources.items() if not opts]   # one lint_tasks call, in order
+    reports = dict(zip(plain, eh.lint_tasks([sources[name][0] for name in plain], device="cpu", workers=2)))
+    reports.update({name: eh.lint_task(src, device="cpu", **opts) for name, (src, opts) in sources.items() if opts})
+
+    def has(name, text):
+        return any(text in p for p in reports[name]["problems"]) and not reports[name]["ok"]
+    assert reports["good"]["ok"] and reports["good"]["input_mb"] > 0 and reports["good"]["eager_ms"] is not None
+    assert reports["kernelbench_style_conv"]["ok"], reports["kernelbench_style_conv"]
+    assert reports["cross_entropy"]["ok"], reports["cross_entropy"]
+    assert has("relu_on_rand", "identity") and has("tiny_output", "zeros") and has("mean_of_rand", "mean")
+    assert has("dropout", "deterministic") and has("broken", "bad task") and has("too_big", "MB")
+    assert has("dropout", "max abs difference")   # the report says how far apart the two runs were
+    assert reports["glitch_once"]["ok"], reports["glitch_once"]
+    assert has("missing", "missing Model")
+
+
+def test_harness_evaluator_lint_reuses_its_workers(monkeypatch):
+    """Evaluator.lint gives lint_tasks' reports on the Evaluator's own started workers: no new pool is booted."""
+    srcs = [RELU_TASK, RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), "x = 1\n"]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        pools = []
+        monkeypatch.setattr(eh, "_Pool", lambda *a, **k: pools.append(a) or pytest.fail("a new pool was started"))
+        reports = ev.lint(srcs)
+    assert [r["ok"] for r in reports] == [True, False, False] and pools == []
+    assert any("identity" in p for p in reports[1]["problems"]) and "missing Model" in reports[2]["problems"][0]
+
+
+def test_harness_gate_timing_is_exclusive_and_not_starved():
+    """_Gate: shared holders overlap; an exclusive holder runs alone; a waiting timer blocks new shared holders."""
+    gate, events = eh._Gate(), []
+    gate.acquire("shared")
+    gate.acquire("shared")   # two correctness checks at once
+
+    def timer():
+        gate.acquire("exclusive")
+        events.append("timing")
+        gate.release("exclusive")
+
+    def late_checker():
+        gate.acquire("shared")
+        events.append("late shared")
+        gate.release("shared")
+
+    t1 = threading.Thread(target=timer)
+    t1.start()
+    while not gate.waiting:   # the timer is queued behind the two shared holders
+        time.sleep(0.01)
+    t2 = threading.Thread(target=late_checker)
+    t2.start()
+    time.sleep(0.2)
+    assert events == [], "nothing may start while shared holders are inside"
+    gate.release("shared")
+    time.sleep(0.1)
+    assert events == [], "one shared holder is still inside"
+    gate.release("shared")
+    t1.join(5)
+    t2.join(5)
+    assert events == ["timing", "late shared"], events
+
+
+def test_harness_gate_caps_its_shared_holders():
+    """_Gate(max_shared=2) (Evaluator's gpu_checkers): a third shared holder waits until one of two leaves; a timer
+    still gets the GPU alone after them; Evaluator refuses gpu_checkers < 1."""
+    gate, events = eh._Gate(max_shared=2), []
+    gate.acquire("shared")
+    gate.acquire("shared")
+
+    def third():
+        gate.acquire("shared")
+        events.append("third")
+
+    t = threading.Thread(target=third)
+    t.start()
+    time.sleep(0.2)
+    assert events == [] and gate.shared == 2, "a third holder must wait"
+    gate.release("shared")
+    t.join(5)
+    assert events == ["third"] and gate.shared == 2
+    gate.release("shared")
+    gate.release("shared")
+    gate.acquire("exclusive")
+    assert gate.exclusive and gate.shared == 0
+    gate.release("exclusive")
+    with pytest.raises(ValueError, match="gpu_checkers"):
+        eh.Evaluator(device="cpu", gpu_checkers=0)
+
+
+def test_harness_gate_holds_across_processes(tmp_path):
+    """A gate with a lock file (every Evaluator on a GPU has one) holds across processes: a timer waits while another
+    process checks correctness, and a third process's new shared holder queues behind the waiting timer (writer
+    preference across processes, through the turnstile)."""
+    import queue
+    path = str(tmp_path / "gpu-test.lock")
+    holder = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {ROOT!r})
+        import eval_harness as eh
+        gate = eh._Gate({path!r})
+        fd = gate.acquire("shared")
+        print("held", flush=True)
+        sys.stdin.readline()
+        gate.release("shared", fd)
+    """)
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
+        return proc, lines
+    a, a_lines = start()
+    assert a_lines.get(timeout=120) == "held"   # process A checks correctness
+    gate, events, timer_fd = eh._Gate(path), [], []
+
+    def timer():
+        timer_fd.append(gate.acquire("exclusive"))
+        events.append("timing")
+    t = threading.Thread(target=timer)
+    t.start()
+    time.sleep(0.5)
+    assert events == [], "a timer started while another process held the GPU"
+    b, b_lines = start()   # process B asks for a shared turn while our timer waits
+    with pytest.raises(queue.Empty):
+        b_lines.get(timeout=3)   # (long enough for B to import and ask)
+    a.stdin.write("\n")   # A is done: the timer goes first, B still waits
+    a.stdin.flush()
+    t.join(10)
+    assert events == ["timing"]
+    with pytest.raises(queue.Empty):
+        b_lines.get(timeout=0.5)
+    gate.release("exclusive", timer_fd[0])
+    assert b_lines.get(timeout=10) == "held"
+    b.stdin.write("\n")
+    b.stdin.flush()
+    assert a.wait(10) == 0 and b.wait(10) == 0
+
+
+def test_harness_holding_gpus_keeps_candidates_off_the_gpu_until_the_block_ends():
+    """Evaluator.holding_gpus: the caller's own GPU work (the trainer generating) holds the GPU alone, so no candidate
+    is checked or timed meanwhile; it waits for a candidate already on the GPU; on the CPU it is a no-op."""
+    ev = eh.Evaluator(backend="triton", device="cpu", progress=False)
+    gate = eh._Gate()
+    ev.pools, ev.gates = {}, {0: gate}   # as if started on one GPU
+    events, entered = [], threading.Event()
+
+    def candidate(mode):
+        gate.acquire(mode)
+        events.append(mode)
+        gate.release(mode)
+    gate.acquire("shared")   # a candidate is checking when the caller asks
+
+    def caller():
+        with ev.holding_gpus():
+            entered.set()
+            time.sleep(0.3)
+            events.append("caller done")
+    worker = threading.Thread(target=caller)
+    worker.start()
+    assert not entered.wait(0.3), "the caller got the GPU while a candidate was on it"
+    gate.release("shared")
+    assert entered.wait(5)
+    others = [threading.Thread(target=candidate, args=(mode,)) for mode in ("shared", "exclusive")]
+    for t in others:
+        t.start()
+    for t in [worker] + others:
+        t.join(5)
+    assert events[0] == "caller done" and sorted(events[1:]) == ["exclusive", "shared"], events
+    assert gate.shared == 0 and not gate.exclusive
+    cpu = eh.Evaluator(backend="triton", device="cpu", progress=False)
+    cpu.spare = 0   # (no idle workers booted for this check)
+    with cpu.holding_gpus():
+        assert cpu.gates == {}
+    cpu.close()
+
+
+def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
+    """A worker makes the trials' inputs (host work) before it asks for its GPU turn, so a timer elsewhere does not
+    wait for it; a reference that mentions cuda (it may make its inputs on the GPU) asks first."""
+    def started_before_turn(ref_src: str) -> bool:
+        marker = tmp_path / f"marker{uuid.uuid4().hex}"
+        ref_src = ref_src.replace("return [torch.randn(N)]", f"open({str(marker)!r}, 'a').close()\n    "
+                                  "return [torch.randn(N)]")
+        gate, asked, acquire = eh._Gate(), threading.Event(), eh._Gate.acquire
+        gate.acquire("exclusive")   # another candidate is timing
+        gate.acquire = lambda mode: (asked.set(), acquire(gate, mode))[1]   # notes when the worker asks for its turn
+        job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": GOOD_RELU, "backend": "triton", "device": "cpu",
+               "opts": eh.DEFAULTS}
+        limits = {"startup": 300.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
+        zygote = eh._Zygote(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        worker = eh._Worker(zygote)
+        box = {}
+        thread = threading.Thread(target=lambda: box.update(r=eh._run_job(worker, job, limits, gate)), daemon=True)
+        thread.start()
+        try:
+            assert asked.wait(120), "the worker never asked for a GPU turn"
+            time.sleep(0.5)   # (it would go on making inputs meanwhile if it were not waiting)
+            made = marker.exists()
+        finally:
+            gate.release("exclusive")
+        thread.join(120)
+        zygote.close()
+        assert box["r"]["error_kind"] == "ok", box["r"]
+        assert box["r"]["details"]["gpu_wait_s"] > 0
+        return made
+
+    assert started_before_turn(RELU_TASK)
+    assert not started_before_turn(RELU_TASK.replace("import torch\n", "import torch  # inputs could be on cuda\n", 1))
+
+
+def test_harness_trials_capped_by_host_memory():
+    """max_trial_gb bounds the host copies of trial inputs and outputs: fewer normal trials, the heavy one kept."""
+    capped = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu", max_trial_gb=3.5 * 4 * 4096 / 2**30)
+    assert capped.error_kind == "ok", capped   # 16 KB inputs: 3 of them fit in 3.5 x 16 KB (2 counting the outputs)
+    assert capped.details["trials_capped"] == 1 and capped.details["trials"] == 2 and capped.details["heavy_trial"]
+    full = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu")
+    assert "trials_capped" not in full.details and full.details["trials"] == eh.DEFAULTS["trials"] + 1
+
+
+def test_harness_phase_times_and_gpu_turns_in_details():
+    """Every verdict carries the parent's per-phase wall times; the workers' GPU turns are granted in CPU mode too."""
+    result = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu")
+    assert result.error_kind == "ok", result
+    phases = result.details["phase_s"]
+    assert {"startup", "reference", "compile", "run"} <= set(phases) and all(v >= 0 for v in phases.values())
+    assert result.details["gpu_wait_s"] < 1.0   # no gate on the CPU: no waiting
+    # one turn for the reference, one more per later reference output and per later trial (each a round trip)
+    trials = result.details["trials"]
+    assert result.details["gpu_turns"] >= 1 + 2 * (trials - 1), result.details
+    hung = eh.evaluate(RELU_TASK, _harness_relu("while True:\n    pass"), backend="triton", device="cpu",
+                       run_timeout=3)
+    assert hung.error_kind == "timeout" and 2.5 < hung.details["phase_s"]["run"] < 30, hung
+    with pytest.raises(ValueError, match="gpu_workers"):
+        eh.Evaluator(backend="triton", device="cpu", gpu_workers=0)
+
+
+def test_harness_lint_hang_times_out():
+    report = eh.lint_task(RELU_TASK.replace("return torch.relu(x)", "while True:\n            pass"), timeout=4)
+    assert not report["ok"] and "timeout" in report["problems"][0]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CLI
+
+def _harness_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(ROOT, "eval_harness.py"), *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_harness_cli_check_run_lint(tmp_path):
+    tasks, sols = tmp_path / "tasks", tmp_path / "sols"
+    tasks.mkdir()
+    sols.mkdir()
+    (tasks / "001_Relu.py").write_text(RELU_TASK)
+    (tasks / "002_Add.py").write_text(ADD_TASK)
+    (sols / "001_Relu_triton.py").write_text(GOOD_RELU)
+    (sols / "002_Add_triton.py").write_text(WRONG.replace("def forward(self, x)", "def forward(self, a, b=None)"))
+    (sols / "002_Add_cuda.py").write_text("not a triton solution")
+
+    ok = _harness_cli("check", str(tasks / "001_Relu.py"), str(sols / "001_Relu_triton.py"), "--backend", "triton",
+                      "--device", "cpu", "--json", "--trials", "2")
+    assert ok.returncode == 0, ok.stderr
+    line = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert line["error_kind"] == "ok" and line["details"]["trials"] == 3
+
+    run = _harness_cli("run", "--tasks", str(tasks), "--solutions", str(sols), "--backend", "triton", "--device",
+                       "cpu", "--json", "--timeout", "60")
+    assert run.returncode == 1, run.stderr
+    lines = [json.loads(x) for x in run.stdout.strip().splitlines()]
+    assert [(x["task"], x["solution"]) for x in lines] == [("001_Relu.py", "001_Relu_triton.py"),
+                                                           ("002_Add.py", "002_Add_triton.py")]
+    assert lines[0]["correct"] and not lines[1]["correct"]
+
+    unsupported = _harness_cli("check", str(tasks / "001_Relu.py"), str(sols / "001_Relu_triton.py"), "--backend",
+                               "cuda", "--device", "cpu", "--json")
+    assert unsupported.returncode == 1 and json.loads(unsupported.stdout)["error_kind"] == "unsupported"
+
+    (tmp_path / "bad_task.py").write_text(RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"))
+    lint = _harness_cli("lint", str(tasks / "001_Relu.py"), str(tmp_path / "bad_task.py"), "--device", "cpu", "--json")
+    reports = [json.loads(x) for x in lint.stdout.strip().splitlines()]
+    assert lint.returncode == 1 and [r["ok"] for r in reports] == [True, False], lint.stdout
+
+    usage = _harness_cli("check", str(tasks / "missing.py"), str(sols / "001_Relu_triton.py"))
+    assert usage.returncode == 2 and "no such file" in usage.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU tests (run on a GPU machine: python -m pytest -q -m gpu test_kernelzero.py)
+
+CUDA_RELU = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_src = """
+#include <torch/extension.h>
+__global__ void relu_cuda_kernel(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) { BODY }
+}
+torch::Tensor relu_cuda(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    relu_cuda_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+ext = load_inline(name="kz_test_relu", cpp_sources="torch::Tensor relu_cuda(torch::Tensor x);",
+                  cuda_sources=cuda_src, functions=["relu_cuda"], verbose=False)
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        FORWARD
+'''
+
+
+def _harness_cuda(body="y[i] = x[i] > 0.f ? x[i] : 0.f;", forward="return ext.relu_cuda(x.contiguous())"):
+    """Only two distinct CUDA sources (good, out-of-bounds) in the GPU tests: builds are cached by source."""
+    forward = forward.strip().replace("\n", "\n" + " " * 8)   # FORWARD sits in a method body
+    return CUDA_RELU.replace("BODY", body).replace("FORWARD", forward)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def _show(label, *results):
+    """Print verdicts as they come (run GPU tests with -s): a log cut by the GPU machine's time limit still shows
+    why a test failed, where pytest's failure summary would only come at the end."""
+    for r in results:
+        print(f"[{label}] {r.error_kind} speedup={r.speedup} compile_s={r.compile_s} check={r.details.get('check')} "
+              f"phases={r.details.get('phase_s')} error={r.error[:400]!r}", flush=True)
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_known_good_cuda_and_triton_with_timing():
+    cuda = eh.evaluate(GPU_RELU_TASK, _harness_cuda(), backend="cuda", device="cuda")
+    _show("good cuda", cuda)
+    assert cuda.error_kind == "ok", cuda
+    assert cuda.speedup > 0 and cuda.runtime_ms > 0 and cuda.ref_runtime_ms > 0 and cuda.compile_s is not None
+    assert cuda.details["own_kernels"] and cuda.details["kernel_coverage"] > 0.5, cuda.details
+    # its kernel launches on the legacy default stream (<<<grid, block>>>), which a CUDA graph capture does not
+    # record: timed eagerly instead, and still ok
+    assert cuda.details["timing_method"] == "eager" and cuda.details["graph_fallback"], cuda.details
+    triton_ = eh.evaluate(GPU_RELU_TASK, GOOD_RELU, backend="triton", device="cuda", compile_baseline=True)
+    _show("good triton", triton_)
+    assert triton_.error_kind == "ok", triton_
+    assert triton_.details["timing_method"] == "graph", triton_.details
+    assert triton_.speedup > 0 and triton_.details["reps"] >= eh.DEFAULTS["timing_min_reps"]
+    assert triton_.details["compile_baseline_ms"] > 0
+    assert triton_.details["own_kernels"] == sorted(triton_.details["launches"]), triton_.details   # (no profiler)
+    autotuned = eh.evaluate(GPU_RELU_TASK, GOOD_AUTOTUNED, backend="triton", device="cuda")
+    _show("autotuned", autotuned)
+    assert autotuned.error_kind == "ok", autotuned   # do_bench's torch ops are not a PyTorch fallback
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
+    oob = _harness_cuda(body="y[i + (1L << 40)] = x[i];")
+    with eh.Evaluator(backend="cuda", device="cuda", progress=False) as ev:
+        results = ev.map([(GPU_RELU_TASK, oob), (GPU_RELU_TASK, _harness_cuda())])
+    _show("oob, good", *results)
+    assert [r.error_kind for r in results] == ["crash", "ok"], results
+    assert _harness_processes_left() == []
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_reward_hacks():
+    tf32_runtime = GOOD_MATMUL.replace("class ModelNew", "_b = torch.backends.cuda.matmul\n"
+                                       "setattr(_b, 'allow_tf32', True)\nclass ModelNew")
+    side_stream = _harness_cuda().replace("#include <torch/extension.h>",
+                                                     "#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>")
+    side_stream = side_stream.replace("relu_cuda_kernel<<<(n + 255) / 256, 256>>>",
+                                      "relu_cuda_kernel<<<(n + 255) / 256, 256, 0, at::cuda::getStreamFromPool()>>>")
+    static_cache = _harness_cuda(forward='''
+if not hasattr(self, "out"):
+    self.out = ext.relu_cuda(x.contiguous())
+return self.out''')
+    decoy = _harness_cuda(forward="return torch.relu(x)")
+    fallback = _harness_cuda(forward="return ext.relu_cuda(torch.relu(x))")   # right answer, torch did the work
+    tf32_dot = MATMUL_SRC.replace("{precision}", "")   # tl.dot fp32 defaults to TF32 on the GPU: ~1e-3 error
+    cases = [(GPU_MATMUL_TASK, tf32_runtime, "triton", "reward_hack", "tf32"),
+             (GPU_RELU_TASK, side_stream, "cuda", "reward_hack", "side_stream"),
+             (GPU_RELU_TASK, static_cache, "cuda", "mismatch", None),
+             (GPU_RELU_TASK, decoy, "cuda", "reward_hack", "kernel_not_launched"),
+             (GPU_RELU_TASK, fallback, "cuda", "reward_hack", "pytorch_fallback"),
+             (GPU_MATMUL_TASK, tf32_dot, "triton", "mismatch", None)]
+    for task, cand, backend, kind, check in cases:
+        result = eh.evaluate(task, cand, backend=backend, device="cuda")
+        _show(f"hack {check or kind}", result)
+        assert result.error_kind == kind, (check, result)
+        if check:
+            assert result.details["check"] == check, result
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_gate_lock_file_names_the_gpu(tmp_path, monkeypatch):
+    """The machine-wide timing gate's lock file is named by the GPU's UUID (processes with different
+    CUDA_VISIBLE_DEVICES agree) and every Evaluator on that GPU uses it."""
+    monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))
+    path = eh._gpu_lock_path(0)
+    assert path and os.path.exists(path) and os.path.exists(path + ".turnstile")
+    assert str(torch.cuda.get_device_properties(0).uuid) in path
+    ev = eh.Evaluator(backend="triton", device="cuda", progress=False)
+    ev.spare = 0
+    ev._start()
+    assert ev.gates[0].lock_path == path
+    ev.close()
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_robustness_many_candidates():
+    """The GPU version of the robustness run: ~20% hang, segfault, raise, exhaust GPU memory or hit an illegal memory
+    access, among good candidates sharing the GPU (gpu_workers=8). Every one classified, nothing left behind, the
+    good ones stay ok (an out-of-memory victim of a neighbour's bomb is rerun alone). KZ_HARNESS_ROBUST_N=200."""
+    n = int(os.environ.get("KZ_HARNESS_ROBUST_N", "20"))
+    bomb = _harness_relu("chunks = []\nwhile True:\n    chunks.append(torch.ones(2**28, device=x.device))")
+    wild = "@triton.jit\ndef wild_kernel(y_ptr):\n    tl.store(y_ptr + (1 << 40) + tl.arange(0, 16), tl.zeros((16,), tl.float32))\n\n"
+    illegal = _harness_relu("y = torch.empty_like(x)\nwild_kernel[(1,)](y)\ntorch.cuda.synchronize()\nreturn y", extra=wild)
+    bad = [(HANG, ("timeout",)), (SEGFAULT, ("crash",)), (RAISE, ("runtime",)), (bomb, ("runtime", "crash")),
+           (illegal, ("crash",))]
+    plan = [bad[(i // 5) % 5] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
+    rss_before, results, t0 = _harness_rss_mb(), [], time.monotonic()
+    with eh.Evaluator(backend="triton", device="cuda", progress=False, run_timeout=10, timing_budget_s=0.1) as ev:
+        # a small task (the run is about the bad candidates), in chunks with a running tally: a run cut by a time
+        # limit still reports how far it got
+        for start in range(0, n, 50):
+            results += ev.map([(RELU_TASK, cand) for cand, _ in plan[start:start + 50]])
+            print(f"\ngpu robustness: {len(results)}/{n} in {time.monotonic() - t0:.0f} s, parent "
+                  f"{_harness_rss_mb() - rss_before:+.0f} MB, " +
+                  json.dumps(collections.Counter(r.error_kind for r in results)), flush=True)
+    wrong = [(i, r.error_kind, r.error[:300]) for i, (r, (_, kinds)) in enumerate(zip(results, plan))
+             if r.error_kind not in kinds]
+    assert not wrong, wrong
+    assert _harness_processes_left() == []
+    assert _harness_rss_mb() - rss_before < 300, "parent memory grows with the number of candidates"
+    print(f"\ngpu robustness: {n} candidates, " + json.dumps(collections.Counter(r.error_kind for r in results)))
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_stale_memory_and_lint_timing():
+    stale = _harness_cuda(forward="ext.relu_cuda(x[:1].contiguous())\nreturn torch.empty_like(x)")
+    result = eh.evaluate(GPU_RELU_TASK, stale, backend="cuda", device="cuda")
+    _show("stale", result)
+    assert result.error_kind in ("mismatch", "reward_hack"), result
+    # Raw storage is not filled by deterministic mode: its bytes are whatever the allocator's free block held, e.g.
+    # the reference's freed output for these very inputs. Every free block is NaN-filled before each call, so the
+    # answer is never found there (the relu of one element keeps a kernel of its own launched).
+    raw = _harness_relu('''
+relu_kernel[(1,)](x, torch.empty_like(x), 1, BLOCK=1024)
+storage = torch.UntypedStorage(x.numel() * x.element_size(), device=x.device)
+return torch.empty(0, dtype=x.dtype, device=x.device).set_(storage).view(x.shape)
+''')
+    result = eh.evaluate(GPU_RELU_TASK, raw, backend="triton", device="cuda")
+    _show("stale raw storage", result)
+    assert result.error_kind == "mismatch", result   # ("NaN where the reference is not" when the block was cached)
+    report = eh.lint_task(GPU_RELU_TASK, device="cuda")
+    assert report["eager_ms"] is not None and report["ok"], report
+    small = eh.lint_task(RELU_TASK, device="cuda")   # 4096 elements: launch-bound
+    assert any("50 us" in p for p in small["problems"]), small
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_evaluator_lint_agrees_with_lint_tasks():
+    """The trainer lints on the Evaluator's started GPU workers (env of a Triton candidate runner); those must judge
+    tasks as lint_tasks' own workers do: a good task passes, a broken forward "does not run", zeros are degenerate."""
+    broken = GPU_RELU_TASK.replace("return torch.relu(x)", "return torch.relu(x) + x[:5]")
+    zeros = GPU_RELU_TASK.replace("return torch.relu(x)", "return torch.zeros_like(x)")
+    srcs = [GPU_RELU_TASK, broken, zeros]
+    fresh = eh.lint_tasks(srcs, device="cuda")
+    with eh.Evaluator(backend="triton", device="cuda", progress=False) as ev:
+        warm = ev.lint(srcs)
+    for report in (fresh, warm):
+        assert [r["ok"] for r in report] == [True, False, False], report
+        assert [eh.lint_rule(r["problems"][0]) for r in report[1:]] == ["does not run", "degenerate"], report
