@@ -41,8 +41,8 @@ download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt len
       sdpa, dynamic cache, nothing compiled, same sampling settings), warmed up, timed over `baseline_new_tokens`
       steps and extrapolated (the table says so). Then greedy token ids of both paths (the rollout path with the first
       `rollout_attention`), before and after one policy_update.
-      `rollout_attention` sets the sampler's attention for the timed rollouts, any of kernelzero.ATTENTIONS: sdpa_gqa
-      (kernelzero's GQA-aware function, the trainer's default) and sdpa (transformers' stock: with a mask it copies K/V
+      `rollout_attention` sets the sampler's attention for the timed rollouts, any of models.ATTENTIONS: sdpa_gqa
+      (models.py's GQA-aware function, the trainer's default) and sdpa (transformers' stock: with a mask it copies K/V
       G times per layer and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is
       among them, an "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another
       compile of the same code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
@@ -56,7 +56,7 @@ download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt len
       bf16 torch.matmul timed in the same process, peak memory allocated.
   attention: the attention of one decode step alone (every layer, one query per sequence over a static cache of
       `attention_cache` slots of which `attention_filled` hold tokens, random left padding), per implementation in
-      `attention_variants`: sdpa_gqa (kernelzero.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
+      `attention_variants`: sdpa_gqa (models.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
       function under torch.compile, as in the compiled decode step; flex is a flex_attention with the mask as a
       score_mod). Relative error against float64 on the CPU; on a GPU the layers are captured in one CUDA graph and
       replayed (like the decode step's reduce-overhead graphs), median of `attention_reps` event-timed replays,
@@ -136,7 +136,7 @@ class Config:
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
     rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated
-    #                                  kernelzero.ATTENTIONS (sdpa_gqa, sdpa = transformers' stock); with
+    #                                  models.ATTENTIONS (sdpa_gqa, sdpa = transformers' stock); with
     #                                  sdpa among them, an "attention" record per other one holds the ratio
     baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
@@ -924,6 +924,7 @@ def bench_policy(name: str, kcfg, device):
     """A kernelzero Policy (fp32 model + AdamW + bf16 sampler on a GPU). make_policy loads models by name only, so a
     random Qwen2 shape is built here and wrapped the way make_policy wraps a loaded model."""
     import kernelzero as kz
+    import models
     if name not in SHAPES:
         return kz.make_policy(name, kcfg, kcfg.lr, device)
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -931,16 +932,16 @@ def bench_policy(name: str, kcfg, device):
     tok = None
     if shape.pop("tokenizer") == "real":   # any tokenizer will do for random weights; a real one gives prompts a
         from transformers import AutoTokenizer   # realistic length (bytes: ~3x longer)
-        named = [n for n in ("qwen-coder-0.5b", "smollm2") if kz.model_problem(n) is None]
-        tok = named and AutoTokenizer.from_pretrained(kz.dense_copy(named[0]))
-    tok = tok or kz.build_byte_tokenizer()
+        named = [n for n in ("qwen-coder-0.5b", "smollm2") if models.model_problem(n) is None]
+        tok = named and AutoTokenizer.from_pretrained(models.dense_copy(named[0]))
+    tok = tok or models.build_byte_tokenizer()
     config = Qwen2Config(**{**shape, "vocab_size": max(shape["vocab_size"], len(tok))}, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
     with torch.device(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(kcfg.seed)
         model = Qwen2ForCausalLM(config)   # initialised in place on the GPU: seconds instead of a minute on the CPU
-    return kz.wrap_policy(*kz.prepare(model, tok), kcfg, kcfg.lr, device)
+    return kz.wrap_policy(*models.prepare(model, tok), kcfg, kcfg.lr, device)
 
 
 def encode(tok, prompts: list, kcfg):
@@ -1097,11 +1098,12 @@ def record_rollout(cfg: Config, name: str, B: int, T: int, plain: dict, ours: di
 
 def bench_rollout(cfg: Config) -> None:
     import kernelzero as kz
+    import models
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batches = [int(b) for b in cfg.rollout_batches.split(",")]
     attentions = cfg.rollout_attention.split(",")
-    if not set(attentions) <= set(kz.ATTENTIONS):
-        raise SystemExit(f"--rollout-attention: a comma-separated subset of {sorted(kz.ATTENTIONS)}, "
+    if not set(attentions) <= set(models.ATTENTIONS):
+        raise SystemExit(f"--rollout-attention: a comma-separated subset of {sorted(models.ATTENTIONS)}, "
                          f"not {cfg.rollout_attention!r}")
     T, rows, greedy_rows, attention_rows = cfg.rollout_new_tokens, [], [], []
     tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
@@ -1117,11 +1119,11 @@ def bench_rollout(cfg: Config) -> None:
         prompts = [kz.coder_prompt(tasks[i % len(tasks)][1], kcfg.backend, kcfg.one_shot)
                    for i in range(max(batches + [cfg.greedy_batch]))]
         for B in batches:
-            kz.set_attention(policy.sampler, "sdpa")   # the baseline is plain transformers: stock "sdpa"
+            models.set_attention(policy.sampler, "sdpa")   # the baseline is plain transformers: stock "sdpa"
             plain = time_plain(policy, prompts[:B], kcfg, cfg.baseline_new_tokens, device)
             ms = {}
             for attention in attentions:   # switching the attention recompiles: the first call's compile_s has it
-                kz.set_attention(policy.sampler, attention)
+                models.set_attention(policy.sampler, attention)
                 rcfg = dataclasses.replace(kcfg, max_new_tokens=T, gen_batch_size=B)
                 ours = time_rollout(policy, prompts[:B], rcfg, cfg.rollout_reps, device)
                 rows.append(record_rollout(cfg, name, B, T, plain, ours, attention))
@@ -1142,7 +1144,7 @@ def bench_rollout(cfg: Config) -> None:
                                               sdpa_ms_per_step=ms["sdpa"], ms_per_step=ms[attention],
                                               ratio=ms["sdpa"] / ms[attention]))
                 attention_rows.append([name, B, attention, ms["sdpa"], ms[attention], ms["sdpa"] / ms[attention]])
-        kz.set_attention(policy.sampler, attentions[0])   # the greedy check runs the first attention timed
+        models.set_attention(policy.sampler, attentions[0])   # the greedy check runs the first attention timed
         if cfg.greedy_batch:
             greedy = greedy_check(policy, prompts[:cfg.greedy_batch], kcfg, cfg, device)
             record(cfg, "greedy", dict(model=name, batch=cfg.greedy_batch, new_tokens=cfg.greedy_new_tokens, **greedy))
@@ -1275,11 +1277,12 @@ ATTENTION_SHAPES = {  # query heads, K/V heads, head dim, layers: the named mode
 
 def decode_attentions() -> dict:
     """name -> f(q (B, H, 1, D), k and v (B, Hkv, L, D), mask (B, 1, 1, L) bool) -> (B, 1, H, D)."""
-    import kernelzero as kz
     from torch.nn.attention.flex_attention import flex_attention
 
+    import models
+
     def sdpa_gqa(q, k, v, mask):
-        return kz.sdpa_gqa_attention(None, q, k, v, mask)[0]
+        return models.sdpa_gqa_attention(None, q, k, v, mask)[0]
 
     def flex(q, k, v, mask):
         keep = mask[:, 0, 0]
@@ -1367,14 +1370,16 @@ def bench_models(cfg: Config) -> None:
     Proposer's validity. Each eval is also written as OUT/eval_{model}_t{T}_level{L}.json in the format of
     `kernelzero.py eval`, so that `kernelzero.py compare` reads it."""
     import kernelzero as kz
+    import models
     from eval_harness import Evaluator
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     harness_device = device.type
     rows = []
     for name in cfg.models.split(","):
-        fresh = kz.model_problem(name) is None and not os.path.exists(os.path.join(kz.model_cache_dir(name), "dense"))
-        _, first_s, _ = clocked(torch.device("cpu"), kz.load_model, name)
-        _, cached_s, _ = clocked(torch.device("cpu"), kz.load_model, name)
+        fresh = models.model_problem(name) is None and not os.path.exists(os.path.join(models.model_cache_dir(name),
+                                                                                      "dense"))
+        _, first_s, _ = clocked(torch.device("cpu"), models.load_model, name)
+        _, cached_s, _ = clocked(torch.device("cpu"), models.load_model, name)
         record(cfg, "load", dict(model=name, first_s=first_s, first_was_fresh=fresh, cached_s=cached_s))
         rows.append([name, "load", f"first {first_s:.1f} s ({'dequantised' if fresh else 'cached'}), "
                      f"then {cached_s:.1f} s", "", "", ""])

