@@ -15,12 +15,12 @@ Suites, in this order:
                                isolation (timeouts, crashes, no processes left), the GPU gate, lint, CLI, GPU tests
   tests/cuda_ext.py            cuda_ext/: fast_load_inline and the bench generators' candidates
   tests/tasks.py               kernelbench_tasks/: task library, API catalog, golden solutions, synthetic pairs
-  tests/loss.py                kernelzero.py's pure functions: advantages, CA-GRPO loss and rewards, frontier reward,
-                               masking, metrics
+  tests/loss.py                the pure functions: advantages, CA-GRPO loss and rewards, frontier reward (kernelzero.py),
+                               masking, metrics (pass@k and fast_p from report.py)
   tests/trainer.py             kernelzero.py's trainer: the phases on fakes (ablations), models, tokenizer, rollout
                                and update on the tiny model, attention, config and CLI, the loop, eval, GPU tests
   tests/bench.py               bench.py: attention, rollout and train on the CPU
-  tests/models.py              named offline models (GGUF slices installed as fake packages)
+  tests/named_models.py        named offline models (GGUF slices installed as fake packages)
   tests/harness_throughput.py  harness throughput: shared reference work, memory admission, workers booted ahead
   tests/newcomer.py            what a newcomer meets first: flag errors, console messages, plots, the harness CLI
   tests/replication.py         replication: held-out statistics, compare, greedy eval, the self-distilled corpus
@@ -38,7 +38,7 @@ from tests.tasks import *  # noqa: E402,F401,F403
 from tests.loss import *  # noqa: E402,F401,F403
 from tests.trainer import *  # noqa: E402,F401,F403
 from tests.bench import *  # noqa: E402,F401,F403
-from tests.models import *  # noqa: E402,F401,F403
+from tests.named_models import *  # noqa: E402,F401,F403
 from tests.harness_throughput import *  # noqa: E402,F401,F403
 from tests.newcomer import *  # noqa: E402,F401,F403
 from tests.replication import *  # noqa: E402,F401,F403

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+import models
+
 
 def _usage_error(kz, capsys, argv):
     """(exit code, the stderr line) of a command line that must be refused before any work."""
@@ -43,7 +45,7 @@ def test_newcomer_wrong_flags_get_one_line_before_any_work(argv, says, capsys, m
     monkeypatch.setattr(synth, "generate_pairs", no_work)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # a hub id is looked up in the cache only
     real = kz.model_problem   # the default (named) models count as installed: only the flag under test is wrong
-    monkeypatch.setattr(kz, "model_problem", lambda name: None if name in kz.NAMED_MODELS else real(name))
+    monkeypatch.setattr(kz, "model_problem", lambda name: None if name in models.NAMED_MODELS else real(name))
     code, err = _usage_error(kz, capsys, argv + ["--run-dir", str(tmp_path / "run")])
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("kernelzero.py: error: ") and says in err, err

