@@ -88,6 +88,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -793,6 +794,32 @@ def print_profile(directory: str, name: str, top: int = 30) -> None:
     stats.sort_stats("cumulative").print_stats(r"eval_harness\.py|_bootstrap>.*_find_and_load\b", top)
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of all the host's cores since boot (Linux /proc/stat: user nice system idle iowait
+    irq softirq steal; idle and iowait are not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def sample_host_cpu(samples: list, stop: threading.Event, period_s: float = 1.0) -> None:
+    """Append the host's busy fraction (0..1, all cores) over each `period_s` to `samples` until `stop` is set: whether
+    a harness run is bound by the machine's cores (a fraction near 1 throughout) or waits on something else."""
+    last = _cpu_jiffies()
+    while not stop.wait(period_s):
+        now = _cpu_jiffies()
+        samples.append((now[0] - last[0]) / max(now[1] - last[1], 1))
+        last = now
+
+
+def cpu_summary(samples: list) -> dict:
+    """Mean busy fraction and the share of periods above 90% busy (None without samples)."""
+    if not samples:
+        return {"cpu_busy_mean": None, "cpu_busy_over_90pct": None}
+    return {"cpu_busy_mean": round(sum(samples) / len(samples), 3),
+            "cpu_busy_over_90pct": round(sum(x > 0.9 for x in samples) / len(samples), 3)}
+
+
 def bench_round(cfg: Config, tag: str) -> None:
     """The round-shaped batch through each --round-timing variant of the current harness (first, so that their
     numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
@@ -816,6 +843,9 @@ def bench_round(cfg: Config, tag: str) -> None:
         if cfg.round_profile:   # (workers inherit the environment the Evaluator starts with)
             os.environ["KZ_WORKER_PROFILE"] = os.path.join(cfg.round_profile, f"run{run}")
             os.makedirs(os.environ["KZ_WORKER_PROFILE"], exist_ok=True)
+        cpu, stop = [], threading.Event()   # the host's busy fraction each second of the run
+        sampler = threading.Thread(target=sample_host_cpu, args=(cpu, stop), daemon=True)
+        sampler.start()
         t0 = time.perf_counter()
         with module.Evaluator(backend=cfg.round_backend, progress=False,
                               **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
@@ -823,6 +853,8 @@ def bench_round(cfg: Config, tag: str) -> None:
             results = ev.map([(r, c) for r, c, _ in pairs])
             map_s = time.perf_counter() - t1
         wall = time.perf_counter() - t0
+        stop.set()
+        sampler.join()
         spent = collections.Counter()
         for r in results:
             spent.update(r.details.get("phase_s", {}))
@@ -832,7 +864,7 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
                          "trials_on": collections.Counter(r.details.get("trials_on") for r in results),
                          "timing_method": collections.Counter(r.details.get("timing_method") for r in results),
-                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(),
+                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(), **cpu_summary(cpu),
                          "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results)}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
         first = next(iter(runs))
@@ -840,7 +872,9 @@ def bench_round(cfg: Config, tag: str) -> None:
             summary[name]["vs_first"] = _round_agreement(summary[first], summary[name])
         rows.append([name, wall, f"{agree}/{len(pairs)}", sum(r.error_kind == "ok" for r in results)])
         print(f"{name}: {wall:.1f} s for {len(pairs)} candidates (map {map_s:.1f} s; {agree}/{len(pairs)} as labelled, "
-              f"{rows[-1][-1]} ok, peak RSS {summary[name]['peak_rss_gb']:.1f} GB); seconds summed over candidates: "
+              f"{rows[-1][-1]} ok, peak RSS {summary[name]['peak_rss_gb']:.1f} GB, host CPU busy "
+              f"{summary[name]['cpu_busy_mean']} on average, over 90% in {summary[name]['cpu_busy_over_90pct']} "
+              f"of its seconds); seconds summed over candidates: "
               + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
               + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])

@@ -142,3 +142,21 @@ def test_bench_greedy_check_catches_a_rollout_path_that_keeps_old_weights(monkey
     res = bench.greedy_check(policy, _bench_prompts(2), kcfg, cfg, _BENCH_CPU)
     assert res["match_before"] and res["weights_changed_output"]
     assert not res["match_after"] and res["stale"]
+
+
+def test_bench_host_cpu_sampler_sees_a_busy_core_and_summarises():
+    """The round's CPU record: fractions of all cores in [0, 1], a spinning thread shows up as busy time, and the
+    summary's mean and share of periods over 90%."""
+    import threading
+    import time
+    samples, stop = [], threading.Event()
+    sampler = threading.Thread(target=bench.sample_host_cpu, args=(samples, stop, 0.05), daemon=True)
+    sampler.start()
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:   # one core busy
+        sum(range(1000))
+    stop.set()
+    sampler.join()
+    assert len(samples) >= 3 and all(0.0 <= x <= 1.0 for x in samples) and max(samples) > 0
+    assert bench.cpu_summary([0.5, 0.95, 1.0]) == {"cpu_busy_mean": 0.817, "cpu_busy_over_90pct": 0.667}
+    assert bench.cpu_summary([]) == {"cpu_busy_mean": None, "cpu_busy_over_90pct": None}
