@@ -283,7 +283,7 @@ def test_harness_robustness_many_candidates():
     plan = [bad[(i // 5) % 4] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
     rss_before = _harness_rss_mb()
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, run_timeout=20,
-                      memory_limit_gb=3) as ev:
+                      memory_limit_gb=3, dedupe=False) as ev:   # (every copy runs: the run is about many processes)
         results = ev.map([(RELU_TASK, cand) for cand, _ in plan])
     wrong = [(i, r.error_kind, r.error) for i, (r, (_, kinds)) in enumerate(zip(results, plan)) if r.error_kind not in kinds]
     assert not wrong, wrong
@@ -740,7 +740,8 @@ def test_harness_gpu_robustness_many_candidates():
            (illegal, ("crash",))]
     plan = [bad[(i // 5) % 5] if i % 5 == 4 else (GOOD_RELU, ("ok",)) for i in range(n)]
     rss_before, results, t0 = _harness_rss_mb(), [], time.monotonic()
-    with eh.Evaluator(backend="triton", device="cuda", progress=False, run_timeout=10, timing_budget_s=0.1) as ev:
+    with eh.Evaluator(backend="triton", device="cuda", progress=False, run_timeout=10, timing_budget_s=0.1,
+                      dedupe=False) as ev:   # (every copy runs: the run is about many processes)
         # a small task (the run is about the bad candidates), in chunks with a running tally: a run cut by a time
         # limit still reports how far it got
         for start in range(0, n, 50):
@@ -794,3 +795,27 @@ def test_harness_gpu_evaluator_lint_agrees_with_lint_tasks():
     for report in (fresh, warm):
         assert [r["ok"] for r in report] == [True, False, False], report
         assert [eh.lint_rule(r["problems"][0]) for r in report[1:]] == ["does not run", "degenerate"], report
+
+
+def test_harness_map_evaluates_identical_candidates_once(tmp_path):
+    """Copies of one candidate for one task run once (a side effect of the import counts the runs) and get the first
+    copy's verdict with duplicate_of and none of its harness seconds; another task or another source runs on its own;
+    dedupe=False runs every copy."""
+    log = str(tmp_path / "imports.log")
+    counted = _harness_relu('''
+y = torch.empty_like(x)
+relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+return y
+''', extra=f"open({log!r}, 'a').write('x')\n")   # one x per import of the candidate
+    pairs = [(RELU_TASK, counted), (RELU_TASK, GOOD_RELU), (RELU_TASK, counted), (ADD_TASK, GOOD_ADD),
+             (RELU_TASK, counted)]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        results = ev.map(pairs)
+        imports = len(open(log).read())   # the imports one evaluation of it makes
+        assert imports >= 1
+        assert [r.error_kind for r in results] == ["ok"] * 5
+        assert [r.details.get("duplicate_of") for r in results] == [None, None, 0, None, 0]
+        assert "phase_s" in results[0].details and "phase_s" not in results[2].details
+        assert results[2].compiled and results[2].speedup == results[0].speedup
+        ev.with_options(dedupe=False).map(pairs[:3])   # both copies run
+    assert len(open(log).read()) == 3 * imports

@@ -75,7 +75,8 @@ class ModelNew(nn.Module):
                                            BLOCK=256)
         return y
 '''
-    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, share_reference=True) as ev:
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, share_reference=True,
+                      dedupe=False) as ev:   # (two copies, both run: they share the trials)
         results = ev.map([(task, cand)] * 2)
     for r in results:
         assert r.details.get("shared_reference"), r.details
@@ -336,7 +337,7 @@ def test_harness_gpu_shared_reference_agrees_with_unshared():
     pairs = [(task, t.GOOD_RELU)] * 4 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1])]
     runs = {}
     for name, opts in {"new": {"share_reference": True}, "old": {"share_reference": False}}.items():
-        with eh.Evaluator(backend="triton", progress=False, **opts) as ev:
+        with eh.Evaluator(backend="triton", progress=False, dedupe=False, **opts) as ev:
             runs[name] = ev.map(pairs)
     new, old = runs["new"], runs["old"]
     assert [r.error_kind for r in new] == [r.error_kind for r in old] == ["ok"] * 4 + ["mismatch", "reward_hack"]
@@ -374,7 +375,7 @@ def test_harness_gpu_big_inputs_all_ok_within_memory():
     assert tanh != t.GOOD_RELU
     pairs = [(BIG_TASK.format(op="relu"), t.GOOD_RELU)] * 4 + [(BIG_TASK.format(op="tanh"), tanh)] * 4
     start = time.time()
-    with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.5) as ev:
+    with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.5, dedupe=False) as ev:
         results = ev.map(pairs)
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
@@ -395,7 +396,7 @@ def test_harness_gpu_inputs_on_device_agree_with_host_inputs():
                                          (task, t.CASES["cache_by_data_ptr"][1]), (task, t.CASES["stale_memory"][1])]
     runs = {}
     for on_device in (True, False):
-        with eh.Evaluator(backend="triton", progress=False, inputs_on_device=on_device) as ev:
+        with eh.Evaluator(backend="triton", progress=False, inputs_on_device=on_device, dedupe=False) as ev:
             runs[on_device] = ev.map(pairs)
     gpu, host = runs[True], runs[False]
     verdicts = {on: [(r.error_kind, r.details.get("check")) for r in rs] for on, rs in runs.items()}
@@ -424,7 +425,7 @@ def test_harness_gpu_checkers_cap_keeps_verdicts():
                                          (task, t.CASES["stale_memory"][1])]
     runs = {}
     for cap in (None, 2):
-        with eh.Evaluator(backend="triton", progress=False, gpu_workers=6, gpu_checkers=cap) as ev:
+        with eh.Evaluator(backend="triton", progress=False, gpu_workers=6, gpu_checkers=cap, dedupe=False) as ev:
             runs[cap] = ev.map(pairs)
     verdicts = {cap: [(r.error_kind, r.details.get("check")) for r in rs] for cap, rs in runs.items()}
     assert verdicts[None] == verdicts[2], verdicts
@@ -1005,7 +1006,7 @@ def test_harness_gpu_timing_headroom_keeps_verdicts():
     runs = {}
     for headroom in (0, 200):
         with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.25, timing_headroom_us=headroom,
-                          **eh.FIXED_TIMING) as ev:   # (the headroom is for the eager method)
+                          dedupe=False, **eh.FIXED_TIMING) as ev:   # (the headroom is for the eager method)
             runs[headroom] = ev.map(pairs)
         print(f"headroom {headroom} us: speedups", [round(r.speedup or 0, 3) for r in runs[headroom]],
               "runtime_ms", [r.runtime_ms for r in runs[headroom]], "host_median_ms",
