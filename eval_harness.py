@@ -73,8 +73,9 @@ Decisions worth knowing (each has a test in test_kernelzero.py)
     casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count too. Ops run by Triton itself
     (launcher, interpreter, autotuner) are not recorded.
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
-  - Identical candidates of one task in one map() call are evaluated once (option dedupe): copies share the verdict
-    and the speedup (details["duplicate_of"]), so timing noise never ranks two copies of a kernel apart in a group.
+  - Identical candidates of one task in one map() call (the same syntax tree: comments and spacing do not count) are
+    evaluated once (option dedupe): copies share the verdict and the speedup (details["duplicate_of"]), so timing
+    noise never ranks two copies of a kernel apart in a group.
   - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
     the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
     profiling overlap while every timed rep runs alone. A checking worker gives its turn back during each Triton
@@ -205,8 +206,8 @@ DEFAULTS = dict(
     share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
                              # None: on a GPU only. Off by default: same verdicts and speedups, but slower on the
                              # round batch (BENCHMARKS.md, "Harness throughput for RL rounds")
-    dedupe=True,             # map(): a candidate identical to an earlier one of the same task (same ref and cand
-                             # sources) gets a copy of its verdict (details["duplicate_of"]) instead of a run
+    dedupe=True,             # map(): a candidate identical to an earlier one of the same task (same reference, same
+                             # syntax tree) gets a copy of its verdict (details["duplicate_of"]) instead of a run
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )
@@ -2398,6 +2399,17 @@ class _SharedReference:
                 self.held = 0
 
 
+def _same_code_key(src: str | None) -> str | None:
+    """What makes two candidates the same program: their syntax trees (comments, blank lines and spacing do not
+    count; string constants, CUDA sources among them, and docstrings do). A source that does not parse is its text."""
+    if src is None:
+        return None
+    try:
+        return ast.dump(ast.parse(src))
+    except (SyntaxError, ValueError):
+        return src
+
+
 class Evaluator:
     """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
     fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
@@ -2584,9 +2596,10 @@ class Evaluator:
         # A candidate identical to an earlier one of its task (greedy samples, or a group once RL has sharpened the
         # policy) is evaluated once: the same source gets the same verdict, and in a GRPO group timing noise can then
         # not rank two copies of one kernel apart (they get equal rewards, hence equal advantages)
+        keys = [(ref, _same_code_key(cand)) for ref, cand in pairs]
         first = {}
-        for i, pair in enumerate(pairs):
-            first.setdefault(pair, i)
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
         todo = sorted(first.values()) if self.opts["dedupe"] else list(range(len(pairs)))
         early = [_precheck(cand, self.backend) for _, cand in pairs]
         # candidates of one task (a GRPO group, an eval's samples) share its reference work: one job per task
@@ -2608,9 +2621,9 @@ class Evaluator:
         threads = 2 * self.cpu_workers + self.gpu_workers * len(self.gpus)
         with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
             list(ex.map(one, todo))
-        for i, pair in enumerate(pairs):
+        for i, key in enumerate(keys):
             if results[i] is None:   # a duplicate: its first copy's verdict, marked as such; the seconds the
-                j = first[pair]      # harness spent (phase_s, *_s) stay with the copy that spent them
+                j = first[key]       # harness spent (phase_s, *_s) stay with the copy that spent them
                 details = {k: v for k, v in results[j].details.items()
                            if k not in ("phase_s", "gpu_turns") and not k.endswith("_s")}
                 results[i] = dataclasses.replace(results[j], details={**details, "duplicate_of": j})

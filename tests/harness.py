@@ -798,17 +798,18 @@ def test_harness_gpu_evaluator_lint_agrees_with_lint_tasks():
 
 
 def test_harness_map_evaluates_identical_candidates_once(tmp_path):
-    """Copies of one candidate for one task run once (a side effect of the import counts the runs) and get the first
-    copy's verdict with duplicate_of and none of its harness seconds; another task or another source runs on its own;
-    dedupe=False runs every copy."""
+    """Copies of one candidate for one task (also one that differs only in comments and spacing) run once (a side
+    effect of the import counts the runs) and get the first copy's verdict with duplicate_of and none of its harness
+    seconds; another task or another program runs on its own; dedupe=False runs every copy."""
     log = str(tmp_path / "imports.log")
     counted = _harness_relu('''
 y = torch.empty_like(x)
 relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
 return y
 ''', extra=f"open({log!r}, 'a').write('x')\n")   # one x per import of the candidate
+    restyled = counted.replace("return y", "return y  # the same program, restyled\n\n")
     pairs = [(RELU_TASK, counted), (RELU_TASK, GOOD_RELU), (RELU_TASK, counted), (ADD_TASK, GOOD_ADD),
-             (RELU_TASK, counted)]
+             (RELU_TASK, restyled)]
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
         results = ev.map(pairs)
         imports = len(open(log).read())   # the imports one evaluation of it makes
@@ -819,3 +820,8 @@ return y
         assert results[2].compiled and results[2].speedup == results[0].speedup
         ev.with_options(dedupe=False).map(pairs[:3])   # both copies run
     assert len(open(log).read()) == 3 * imports
+    # what counts as the same program: the syntax tree, string constants (CUDA sources) included
+    same = eh._same_code_key
+    assert same("x = 1\ny = 'a  # b'\n") == same("x=1   # c\n\ny = 'a  # b'\n")
+    assert same("x = 1\ny = 'a  # b'\n") != same("x = 1\ny = 'a # b'\n")
+    assert same("def (") == "def (" and same(None) is None
