@@ -1030,6 +1030,8 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
             "coder/reward_mean": float(rewards.mean()), "coder/gate_frac": float(gate.mean()),
             "coder/frac_reward_zero_std": 1 - float(spread.float().mean()),
             "coder/format_frac": errors["format"] / len(results), "coder/errors": dict(errors),
+            # kernels the harness did not run because an identical one of the group did (the policy sharpening)
+            "coder/duplicate_frac": sum("duplicate_of" in r.details for r in results) / len(results),
             "coder/harness_s": harness_seconds(results),
             "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
             "coder/completion_tokens": float(batch["completion_mask"].sum(1).mean()),

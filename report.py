@@ -221,7 +221,8 @@ def plot_runs(run_dirs):
               ("Rewards", ["coder/reward_mean", "proposer/reward_mean"]),
               ("KL (k3)", ["coder/kl", "proposer/kl"]),
               ("Clip fraction", ["coder/clip_frac", "proposer/clip_frac"]),
-              ("Zero-std groups", ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std"])]
+              ("Zero-std groups, duplicate kernels",
+               ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std", "coder/duplicate_frac"])]
     # panels that are constant by configuration in every run: no k3 term with kl_coef 0, ratio 1 with one epoch
     fixed = {"KL (k3)": ("kl_coef", 0, "kl_coef 0"), "Clip fraction": ("ppo_epochs", 1, "ppo_epochs 1: ratio 1")}
     several_rounds = any(len({r["round"] for r in rows}) > 1 for rows in runs.values())
