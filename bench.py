@@ -95,7 +95,7 @@ from dataclasses import dataclass
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)   # spawned workers import cuda_ext and eval_harness from here
+sys.path.insert(0, HERE)   # spawned workers import cuda_ext, eval_harness and harness_worker from here
 
 
 @dataclass
@@ -120,7 +120,8 @@ class Config:
     round_answers: str = ""          # (e) eval JSONs (kernelzero.py eval, bench.py models), comma-separated: a
     #                                  model's failing answers to a task replace its synthetic wrong and failing
     #                                  candidates (a real mix of errors), where the files have some
-    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and cuda_ext/) to run on
+    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and its harness_worker.py
+    #                                  if it has one, and cuda_ext/) to run on
     #                                  the same batch in the same call; "" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it; "none": no baseline run
     round_timing: str = ""           # (e) options of the new harness, "key=value,..."; several variants, each run
@@ -745,7 +746,9 @@ def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None =
 
 
 def _harness_module(directory: str):
-    """eval_harness from `directory` (its workers import it from there too), under its own module name."""
+    """eval_harness from `directory`, under its own module name. Its workers boot from `directory` (_BOOT puts it first
+    on their sys.path), so a split harness's worker side (harness_worker.py, which imports eval_harness) comes from
+    there too; the parent side never imports the worker side, so nothing of this checkout's worker mixes in."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("eval_harness_baseline", os.path.join(directory, "eval_harness.py"))
     module = importlib.util.module_from_spec(spec)
@@ -791,7 +794,8 @@ def print_profile(directory: str, name: str, top: int = 30) -> None:
     print(f"\n{name}: {len(files)} worker jobs profiled, merged into {merged}")
     stats.sort_stats("tottime").print_stats(top)
     stats.print_callers(12)   # who calls the top ones (a C builtin's own time is often a host sync or an import)
-    stats.sort_stats("cumulative").print_stats(r"eval_harness\.py|_bootstrap>.*_find_and_load\b", top)
+    stats.sort_stats("cumulative").print_stats(r"harness_worker\.py|eval_harness\.py|_bootstrap>.*_find_and_load\b",
+                                               top)
 
 
 def _cpu_jiffies() -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""Tests for eval_harness.py: known-good candidates, one adversarial candidate per pitfall row (the table in
-eval_harness.py's docstring; CASES in tests/common.py), isolation (timeouts, crashes, no processes left), CLI, lint.
+"""Tests for eval_harness.py and harness_worker.py: known-good candidates, one adversarial candidate per pitfall row
+(the table in eval_harness.py's docstring; CASES in tests/common.py), isolation (timeouts, crashes, no processes
+left), CLI, lint.
 
 CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
 per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 import eval_harness as eh
+import harness_worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
                           GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_TASK, ROOT, SEGFAULT,
                           WRONG, _HEADER, _harness_relu)
@@ -130,6 +132,7 @@ def test_harness_static_check_sources():
                        ("import time\ntime.perf_counter = lambda: 0.0", "monkeypatch"),
                        ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
                        ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
+                       ("import harness_worker", "monkeypatch"), ("from harness_worker import _compare", "monkeypatch"),
                        ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
                        ("import sys\nsys.settrace(None)", "introspection"),
                        ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
@@ -139,7 +142,7 @@ def test_harness_static_check_sources():
 
 def test_harness_instrumentation_counts_threads():
     import threading
-    instr = eh._Instrumentation("none", "cpu", "kz_candidate")
+    instr = hw._Instrumentation("none", "cpu", "kz_candidate")
     assert instr.verify() is None
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)
@@ -155,7 +158,7 @@ def test_harness_build_patch_does_not_trip_the_snapshot():
     import torch.utils.cpp_extension as cpp
     original = cpp.load_inline
     try:
-        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
+        instr = hw._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
         assert cpp.load_inline is not original
         assert instr.verify() is None
         cpp.load_inline = original   # what a candidate restoring/replacing it would do
@@ -172,7 +175,7 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
     from triton.runtime.jit import JITFunction
     original = cpp.load_inline
     try:
-        instr = eh._Instrumentation("cuda", "cpu", "kz_candidate")
+        instr = hw._Instrumentation("cuda", "cpu", "kz_candidate")
         for key in [k for k in instr.snapshot if k.split(".")[0] in ("JITFunction", "KernelInterface", "Autotuner",
                                                                      "InterpretedFunction")]:
             del instr.snapshot[key]   # as if triton had not been imported when the worker took its snapshot
@@ -188,14 +191,36 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
         cpp.load_inline = original
 
 
+def test_harness_snapshot_covers_both_harness_modules():
+    """The harness runs in a candidate's process as two modules (eval_harness.py, harness_worker.py): the identity
+    snapshot holds the functions of both, and the bindings harness_worker imported from eval_harness, so a patch of
+    any of them reads as monkeypatch (pitfall 6). CASES' patch_worker_* rows do it from a candidate."""
+    assert eh._precheck(CASES["patch_worker_runtime"][1], "triton") is None   # only the snapshot can see that one
+    assert eh._precheck(CASES["patch_worker_static"][1], "triton").details["check"] == "monkeypatch"
+    instr = hw._Instrumentation("none", "cpu", "kz_candidate")
+    for key in ("harness_worker._compare", "harness_worker._job_evaluate", "harness_worker._Instrumentation",
+                "harness_worker._truncate", "eval_harness._truncate", "eval_harness._run_job"):
+        assert key in instr.snapshot, key
+    assert instr.verify() is None
+    for module, name in ((hw, "_compare"), (hw, "_job_evaluate"), (hw, "_truncate"), (eh, "_truncate"),
+                         (eh, "_result")):
+        original = getattr(module, name)
+        setattr(module, name, lambda *a, **k: None)
+        try:
+            assert instr.verify()[0] == "monkeypatch", (module.__name__, name)
+        finally:
+            setattr(module, name, original)
+    assert instr.verify() is None
+
+
 def test_harness_same_treats_nan_as_equal_and_sees_any_change():
     """The input-mutation check: bit-for-bit, NaN equal to NaN, one changed element or dtype is a difference."""
     x = torch.tensor([1.0, float("nan"), -0.5])
-    assert eh._same(x, x.clone()) and eh._same(torch.arange(3), torch.arange(3))
+    assert hw._same(x, x.clone()) and hw._same(torch.arange(3), torch.arange(3))
     y = x.clone()
     y[2] = 0.5
-    assert not eh._same(x, y) and not eh._same(x, torch.tensor([1.0, 0.0, -0.5]))
-    assert not eh._same(torch.arange(3), torch.tensor([0, 1, 3])) and not eh._same(x, x.double())
+    assert not hw._same(x, y) and not hw._same(x, torch.tensor([1.0, 0.0, -0.5]))
+    assert not hw._same(torch.arange(3), torch.tensor([0, 1, 3])) and not hw._same(x, x.double())
 
 
 def test_harness_extract_code():
@@ -217,7 +242,7 @@ def _harness_processes_left(grace_s: float = 10.0) -> list[int]:
     """Harness processes of this checkout still alive (not zombies) once `grace_s` has passed: zygotes (this
     process's children) and the workers forked from them, wherever they were reparented if their zygote died. A
     killed worker can take a moment to end (a CUDA context is torn down), hence the grace period."""
-    marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import eval_harness".encode()
+    marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import harness_worker".encode()
     deadline = time.monotonic() + grace_s
     while True:
         left = []

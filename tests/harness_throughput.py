@@ -5,6 +5,7 @@ import threading
 import time
 
 import eval_harness as eh
+import harness_worker as hw
 
 
 def _t():
@@ -123,7 +124,7 @@ def test_harness_memory_estimate_from_meta_inputs():
         def get_inputs():
             import torch
             return [eh.torch.randn(4096, 393216), 3]   # 6.4 GB, never allocated
-    per_input = eh._input_bytes_on_meta(Ref, eh.DEFAULTS)
+    per_input = hw._input_bytes_on_meta(Ref, eh.DEFAULTS)
     assert per_input == 4096 * 393216 * 4
     host, device = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
     assert host >= 4 * per_input and device >= 4 * per_input   # one trial + the heavy one, inputs and outputs
@@ -163,10 +164,10 @@ def test_harness_worker_output_tail_is_bounded():
 
 def test_harness_median_ci_width():
     """The adaptive timing's stopping rule: the distribution-free 95% interval of the median, relative to it."""
-    assert eh._median_ci_width([1.0] * 20) == 0.0
+    assert hw._median_ci_width([1.0] * 20) == 0.0
     noisy = [1.0 + 0.1 * ((i * 7) % 10) for i in range(20)]   # 1.0 .. 1.9
-    assert 0.3 < eh._median_ci_width(noisy) < 1.0
-    assert eh._median_ci_width(noisy * 10) < eh._median_ci_width(noisy)   # more reps: a narrower interval
+    assert 0.3 < hw._median_ci_width(noisy) < 1.0
+    assert hw._median_ci_width(noisy * 10) < hw._median_ci_width(noisy)   # more reps: a narrower interval
     assert eh.DEFAULTS["timing_ci"] == 0.02
 
 
@@ -179,13 +180,13 @@ def test_harness_trial_inputs_made_under_the_device_context():
         def get_inputs():
             return [eh.torch.randn(8, 4), eh.torch.randint(0, 3, (5,)), eh.torch.ones(2, device="cpu"), 1.5]
     opts = dict(eh.DEFAULTS, dtype="float16")
-    draws = eh._trial_inputs(Ref, opts, {}, eh.torch.device("meta"))
+    draws = hw._trial_inputs(Ref, opts, {}, eh.torch.device("meta"))
     assert len(draws) == opts["trials"] + 1 and draws[-1][1]   # the heavy trial last
     for inputs, _ in draws:
         x, idx, ones, scale = inputs
         assert x.is_meta and x.dtype == eh.torch.float16 and idx.is_meta and idx.dtype == eh.torch.int64
         assert ones.device.type == "cpu" and ones.dtype == eh.torch.float16 and scale == 1.5
-    host = eh._trial_inputs(Ref, opts, {})
+    host = hw._trial_inputs(Ref, opts, {})
     assert all(t.device.type == "cpu" for inputs, _ in host for t in inputs[:3])
 
     class HostOnly:   # (as a task passing a CPU torch.Generator to its factories would fail on the GPU)
@@ -195,7 +196,7 @@ def test_harness_trial_inputs_made_under_the_device_context():
                 raise RuntimeError("Expected a 'cuda' device type for generator")
             return [eh.torch.randn(3)]
     details = {}
-    draws = eh._trial_inputs(HostOnly, eh.DEFAULTS, details, eh.torch.device("meta"))
+    draws = hw._trial_inputs(HostOnly, eh.DEFAULTS, details, eh.torch.device("meta"))
     assert all(inputs[0].device.type == "cpu" for inputs, _ in draws) and len(draws) == eh.DEFAULTS["trials"] + 1
     assert "generator" in details["inputs_on_device_failed"]
     assert eh.DEFAULTS["inputs_on_device"]   # (on a GPU; CPU evaluations make their inputs on the host as before)
@@ -275,6 +276,32 @@ def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys)
     assert "merged.pstats" in out and out.count("evaluate-") == 0   # (the merged file's name, not each job's)
     assert "was called by" in out
     assert "KZ_WORKER_PROFILE" not in os.environ
+
+
+def test_harness_bench_baseline_directory_runs_its_own_files(tmp_path):
+    """--round-baseline DIR with a split harness in DIR: both sides run DIR's files. The parent module is DIR's
+    eval_harness.py (loaded under its own name, and it never imports the worker side); its workers boot from DIR, so
+    they import DIR's harness_worker.py and, through it, DIR's eval_harness.py (the copy here records both)."""
+    import glob
+    import shutil
+    import bench
+    t = _t()
+    for name in ("eval_harness.py", "harness_worker.py"):
+        shutil.copy(os.path.join(t.ROOT, name), tmp_path / name)
+    os.symlink(os.path.join(t.ROOT, "cuda_ext"), tmp_path / "cuda_ext")
+    with open(tmp_path / "harness_worker.py", "a") as f:   # each process that imports it leaves a note where from
+        f.write("\nwith open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f'imported-{os.getpid()}'), "
+                "'w') as _f:\n    _f.write(eval_harness.__file__)\n")
+    module = bench._harness_module(str(tmp_path))
+    assert module is not eh and os.path.dirname(os.path.abspath(module.__file__)) == str(tmp_path)
+    assert "harness_worker" not in vars(module) and not glob.glob(str(tmp_path / "imported-*"))
+    result = module.evaluate(t.RELU_TASK, t.GOOD_RELU, backend="triton", device="cpu", trials=1)
+    assert result.error_kind == "ok", (result.error, result.details)
+    notes = glob.glob(str(tmp_path / "imported-*"))
+    assert notes   # (the zygote imported it: its workers are forks of it)
+    for note in notes:
+        with open(note) as f:
+            assert os.path.dirname(os.path.abspath(f.read())) == str(tmp_path)
 
 
 def test_harness_bench_round_takes_a_models_failing_answers(tmp_path):
@@ -511,12 +538,12 @@ def test_harness_lint_determinism_allows_reordered_sums_not_randomness():
     differ by ~5e-6 relative is deterministic enough; fresh randomness is not."""
     import torch
     x = torch.randn(1000)
-    assert eh._repeatable(x, x.clone())
-    assert eh._repeatable(x, x * (1 + 5e-6))              # a reordered GEMM sum
-    assert not eh._repeatable(x, x * (1 + 1e-4))           # a candidate-sized error is not "the same"
-    assert not eh._repeatable(x, torch.randn(1000))        # dropout-like randomness
+    assert hw._repeatable(x, x.clone())
+    assert hw._repeatable(x, x * (1 + 5e-6))              # a reordered GEMM sum
+    assert not hw._repeatable(x, x * (1 + 1e-4))           # a candidate-sized error is not "the same"
+    assert not hw._repeatable(x, torch.randn(1000))        # dropout-like randomness
     ints = torch.arange(10)
-    assert eh._repeatable(ints, ints.clone()) and not eh._repeatable(ints, ints + 1)   # integers stay exact
+    assert hw._repeatable(ints, ints.clone()) and not hw._repeatable(ints, ints + 1)   # integers stay exact
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -598,11 +625,11 @@ def test_harness_zygote_imports_touch_no_driver_and_start_no_thread():
     import json
     import subprocess
     import sys
-    code = ("import os, sys, json, threading, torch, eval_harness as eh; before = len(os.listdir('/proc/self/task'));"
-            "eh._zygote_imports(); print(json.dumps({'threads': len(os.listdir('/proc/self/task')) - before,"
+    code = ("import os, sys, json, threading, torch, harness_worker as hw; before = len(os.listdir('/proc/self/task'));"
+            "hw._zygote_imports(); print(json.dumps({'threads': len(os.listdir('/proc/self/task')) - before,"
             "'py_threads': threading.active_count(), 'cuda': torch.cuda.is_initialized(),"
             "'cpp_extension': 'torch.utils.cpp_extension' in sys.modules, 'triton': 'triton' in sys.modules,"
-            "'compiled': eh._warm_up_triton_compiler(90)}))")
+            "'compiled': hw._warm_up_triton_compiler(90)}))")
     env = dict(os.environ, KZ_BACKEND="triton", KZ_DEVICE="cuda", KZ_TRITON_ARCH="90")
     env.pop("TRITON_INTERPRET", None)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -740,19 +767,19 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
     torch = eh.torch
     cpu = torch.device("cpu")
     for adaptive in (False, True):
-        times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+        times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                                 tol=(1e-4, 1e-4), adaptive=adaptive)
         assert len(times["cand"]) >= 20 and times["ref_intact"]
-        assert times["bad_output"] == [False] * eh.SPOT_CHECKS, times["bad_output"]
+        assert times["bad_output"] == [False] * hw.SPOT_CHECKS, times["bad_output"]
     first = torch.relu(trials[0]["inputs"][0])
     for _ in range(3):   # every input set is among the checked reps: a replay of one set's output is always seen
-        replay = eh._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+        replay = hw._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
                                  checked="cand", tol=(1e-4, 1e-4))
-        assert any(replay["bad_output"]) and len(replay["bad_output"]) == eh.SPOT_CHECKS
+        assert any(replay["bad_output"]) and len(replay["bad_output"]) == hw.SPOT_CHECKS
     import random
     for n in (1, 2, 3, 30, 300):
-        picks = eh._spot_reps(n, 2, eh.SPOT_CHECKS, random.Random(n))
-        assert len(picks) == min(n, eh.SPOT_CHECKS) and all(0 <= r < n for r in picks)
+        picks = hw._spot_reps(n, 2, hw.SPOT_CHECKS, random.Random(n))
+        assert len(picks) == min(n, hw.SPOT_CHECKS) and all(0 <= r < n for r in picks)
         assert {r % 2 for r in picks} == ({0, 1} if n > 1 else {0})
 
     def overwrite(x):   # a kernel writing where the harness keeps its GPU copies of the reference outputs
@@ -760,9 +787,9 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
             obj.fill_(0.0)
         return torch.relu(x)
     gpu_copies = []
-    original = eh._copy_out
-    monkeypatch.setattr(eh, "_copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
-    times = eh._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
+    original = hw._copy_out
+    monkeypatch.setattr(hw, "_copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
+    times = hw._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4))
     assert not times["ref_intact"] and any(times["bad_output"])
 
@@ -770,10 +797,10 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
     # sleep after every rep's flush; none without it
     sleeps = []
     monkeypatch.setattr(eh.torch.cuda, "_sleep", sleeps.append, raising=False)
-    eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand", tol=(1e-4, 1e-4))
+    hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand", tol=(1e-4, 1e-4))
     assert sleeps == []
-    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
-                            tol=(1e-4, 1e-4), **eh._timing_rule(dict(eh.DEFAULTS, timing_headroom_us=200)))
+    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), **hw._timing_rule(dict(eh.DEFAULTS, timing_headroom_us=200)))
     reps = len(times["ref"]) + len(times["cand"]) + 4   # (+ two warm-up reps per model)
     assert sleeps[:2] == [1000, 10**6] and sleeps[2:] == [2 * 10**6] * reps, (sleeps[:4], len(sleeps), reps)
 
@@ -802,43 +829,43 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
                 if recompute:
                     out.copy_(model(*static))
         return Graph(), static, out
-    monkeypatch.setattr(eh, "_capture", capture)
-    rule = eh._timing_rule(eh.DEFAULTS)
+    monkeypatch.setattr(hw, "_capture", capture)
+    rule = hw._timing_rule(eh.DEFAULTS)
     assert rule["graphs"] and rule["adaptive"]   # the defaults
     exclusive = lambda: log.append("exclusive")  # noqa: E731
-    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), exclusive=exclusive, **rule)
     assert times["method"] == "graph" and "graph_fallback" not in times and times["ref_intact"]
-    assert times["bad_output"] == [False] * eh.SPOT_CHECKS
+    assert times["bad_output"] == [False] * hw.SPOT_CHECKS
     i = log.index("exclusive")
     assert log.count("exclusive") == 1 and log[:i].count("record") == 2 * 2 * 2   # warm-up: 2 reps x 2 models
     assert log[:i].count("replay") == 2 * 2 + 2 * 2   # the two-set check, then 2 warm-up reps, per model
     assert log[i + 1:].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
 
     first = torch.relu(trials[0]["inputs"][0])   # a candidate whose output is the first set's, whatever its input
-    replay = eh._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+    replay = hw._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
                              checked="cand", tol=(1e-4, 1e-4), **rule)
     assert replay["method"] == "eager" and "cand" in replay["graph_fallback"] and any(replay["bad_output"])
 
-    monkeypatch.setattr(eh, "_capture", lambda *args: capture(*args, recompute=False))   # not in the graph
-    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    monkeypatch.setattr(hw, "_capture", lambda *args: capture(*args, recompute=False))   # not in the graph
+    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "disagrees" in times["graph_fallback"]
-    assert times["bad_output"] == [False] * eh.SPOT_CHECKS and times["ref_intact"]
+    assert times["bad_output"] == [False] * hw.SPOT_CHECKS and times["ref_intact"]
 
     free[0] = 1000   # the graphs' copies of two models' inputs and outputs (4 x 256 bytes) would not fit
-    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "do not fit" in times["graph_fallback"]
     free[0] = 2**40
 
     def refuse(model, pristine, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(eh, "_capture", refuse)
-    times = eh._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    monkeypatch.setattr(hw, "_capture", refuse)
+    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "not permitted" in times["graph_fallback"]
-    assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * eh.SPOT_CHECKS
+    assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * hw.SPOT_CHECKS
 
 
 def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
@@ -848,7 +875,7 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
     torch = eh.torch
     capturing = [False]   # (torch.cuda's own answer needs a CUDA build)
     monkeypatch.setattr(eh.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    instr = eh._Instrumentation("triton", "cpu", "kz_candidate")
+    instr = hw._Instrumentation("triton", "cpu", "kz_candidate")
     timed = instr.recorded_when_captured(lambda x: torch.relu(x) * 2)
     x = torch.randn(8)
     assert torch.equal(timed(x), torch.relu(x) * 2) and not instr.ops   # not capturing: unrecorded
@@ -861,7 +888,7 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
 
 
 def _fingerprint(out, key):
-    return eh._host_ints(eh._fingerprint_sums(out, key))
+    return hw._host_ints(hw._fingerprint_sums(out, key))
 
 
 def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeypatch):
@@ -881,7 +908,7 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     y.view(-1)[[10, 11]] = y.view(-1)[[11, 10]]   # two words swapped: the weights are positional
     assert _fingerprint(y, key) != fp
     assert _fingerprint(x, key + 1) != fp
-    monkeypatch.setattr(eh, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
+    monkeypatch.setattr(hw, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
     assert _fingerprint(x, key) == fp
     for t in (torch.arange(7, dtype=torch.uint8), torch.ones(3, dtype=torch.bool), torch.randn(5).half(),
               torch.randn(4, 4).t()):   # 7 and 3 bytes: byte words; a transposed (non-contiguous) view
@@ -890,18 +917,18 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     assert _fingerprint(pair, key) == [fp[0], _fingerprint(pair[1], key)[0]]
     trials = [{"inputs": [], "out": x.clone(), "heavy": False, "fp": (key, fp)},
               {"inputs": [], "out": torch.zeros(3), "heavy": False}]   # (kept on the host: no fingerprint)
-    assert eh._outputs_intact(trials)
+    assert hw._outputs_intact(trials)
     trials[0]["out"][0, 0] += 1
     trials[1]["out"][0] = 5
-    assert not eh._outputs_intact(trials)
+    assert not hw._outputs_intact(trials)
     # several fingerprinted trials are read in one go: a change in any one of them shows
     z = torch.randn(5)
     trials = [{"out": x.clone(), "fp": (key, fp)},
               {"out": (z.clone(), x.clone()), "fp": (key + 1, _fingerprint((z, x), key + 1))}]
-    assert eh._outputs_intact(trials)
+    assert hw._outputs_intact(trials)
     trials[1]["out"][1][999, 6] += 1
-    assert not eh._outputs_intact(trials)
-    assert eh._outputs_intact([]) and eh._host_ints([]) == []
+    assert not hw._outputs_intact(trials)
+    assert hw._outputs_intact([]) and hw._host_ints([]) == []
 
 
 def test_harness_compare_verdicts_messages_and_error_stats():
@@ -911,23 +938,23 @@ def test_harness_compare_verdicts_messages_and_error_stats():
     torch = eh.torch
     cpu = torch.device("cpu")
     r = torch.tensor([1.0, -2.0, 4.0, float("nan")])
-    assert eh._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0})
+    assert hw._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0})
     o = r.clone()
     o[0] += 0.5
     o[2] = float("nan")
-    kind, _, message, _ = eh._compare(o, r, cpu, 1e-4, 1e-4)
+    kind, _, message, _ = hw._compare(o, r, cpu, 1e-4, 1e-4)
     assert kind == "mismatch" and "NaN where the reference is not" in message
     o[2] = 4.0 + 1e-5   # within tolerance: only output 0 is outside
-    kind, check, message, stats = eh._compare(o, r, cpu, 1e-4, 1e-4)
+    kind, check, message, stats = hw._compare(o, r, cpu, 1e-4, 1e-4)
     assert (kind, check) == ("mismatch", None) and message.startswith("output 0: 1 of 4 values outside atol=0.0001")
     assert abs(stats["max_abs_err"] - 0.5) < 1e-6 and abs(stats["max_rel_err"] - 0.5) < 1e-6
     pair_ref = (torch.zeros(0), torch.tensor([2.0, 4.0]))
-    kind, _, _, stats = eh._compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
+    kind, _, _, stats = hw._compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
     assert kind is None and 0 < stats["max_abs_err"] < 2e-5
-    kind, _, message, _ = eh._compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
+    kind, _, message, _ = hw._compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
     assert kind == "mismatch" and "1 of 3 values differ" in message
     h = torch.tensor([1.0, 2.0]).half()
-    assert eh._compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
+    assert hw._compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
 
 
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
@@ -980,7 +1007,7 @@ def test_harness_shared_trials_file_is_sealed():
     fd, extents = eh._sealed_file([a, memoryview(b)])
     try:
         assert extents == [(0, len(a)), (len(a), len(b))]
-        assert [bytes(eh._pread(fd, *e)) for e in extents] == [a, b]
+        assert [bytes(hw._pread(fd, *e)) for e in extents] == [a, b]
         with pytest.raises(PermissionError):
             os.pwrite(fd, b"x", 0)
         with pytest.raises(PermissionError):
@@ -991,7 +1018,7 @@ def test_harness_shared_trials_file_is_sealed():
                 os.pwrite(reopened, b"x", 0)
         finally:
             os.close(reopened)
-        assert bytes(eh._pread(fd, *extents[0])) == a
+        assert bytes(hw._pread(fd, *extents[0])) == a
     finally:
         os.close(fd)
 
