@@ -45,13 +45,12 @@ What the process isolation protects, and what it does not
   14 integer targets cast to float: only floating tensors are cast
   15 baseline mismatch: the reference timed the same way, interleaved, in the same process
   16 hangs, crashes, poisoned CUDA contexts: one killable process per candidate
-  Known gap (6 with 15): the static check resolves import aliases only, so a candidate can still rebind a torch
-  function through a plain variable (`m = torch; m.relu = slow`, or `vars(sys)["modules"]["torch"]`), and the
-  identity snapshot covers the harness's own functions and a fixed list of torch's, not every function a task's
-  reference calls. The reference is timed after the candidate's import, in its process, so such a candidate can slow
-  the reference and inflate its speedup (its correctness is unaffected: reference outputs are made before the
-  import). Closing it: time the reference before the candidate exists, or snapshot every callable the reference
-  reaches.
+  6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
+     torch function the reference calls could slow it and inflate its speedup; the static check follows import
+     aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's
+     source names: torch and torch.nn.functional functions, Tensor methods and operators, nn classes' own methods,
+     and all of torch.nn.functional (_reference_reaches). Not covered: a torch function reached only inside another
+     torch Python function. Closing that too: time the reference before the candidate exists.
 
 How it departs from KernelBench's own eval (src/eval.py)
   1. One fresh process per candidate, separate compile and run timeouts (KernelBench runs in the caller's process).

@@ -18,6 +18,7 @@ either one and assigning into it (_BANNED_IMPORTS, _PROTECTED_ROOTS in eval_harn
 the functions of both (_HARNESS_MODULES), checked after every candidate phase (pitfall 6).
 """
 from __future__ import annotations
+import ast
 import collections
 import contextlib
 import importlib.util
@@ -614,7 +615,7 @@ _GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forw
 class _Instrumentation:
     """Everything the harness installs in a worker before the candidate is imported, and verifies afterwards."""
 
-    def __init__(self, backend: str, device: str, module_name: str):
+    def __init__(self, backend: str, device: str, module_name: str, ref_src: str = ""):
         from torch.utils._python_dispatch import TorchDispatchMode
         self.device, self.module_name = device, module_name
         self.launches = collections.Counter()   # own kernel name -> launches during forward
@@ -639,7 +640,8 @@ class _Instrumentation:
             self._patch_load_inline()
         if backend == "triton":
             self._patch_triton_run()
-        self.snapshot = _harness_snapshot()
+        self.reaches = _reference_reaches(ref_src)
+        self.snapshot = _harness_snapshot(self.reaches)
         self.threads = threading.active_count()
 
     def _patch_load_inline(self) -> None:
@@ -771,7 +773,7 @@ class _Instrumentation:
         """(check, message) if the candidate patched the harness's references, flags or started threads."""
         # Only what existed at the snapshot: a module imported since is not a patch (torch's profiler imports
         # triton, so a CUDA worker, which does not import it at start, would otherwise see "new" triton functions)
-        now = _harness_snapshot()
+        now = _harness_snapshot(self.reaches)
         changed = [k for k, v in self.snapshot.items() if not _same_ref(v, now.get(k))]
         if changed:
             check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else "monkeypatch"
@@ -787,8 +789,45 @@ def _same_ref(a, b) -> bool:
     return a is b or (type(a) in (bool, str, int, float) and a == b)
 
 
-def _harness_snapshot() -> dict:
-    """The functions and flags the harness relies on; compared by identity (functions) or value (flags)."""
+# Python operators a reference may use on tensors, as the Tensor methods they call
+_OPERATOR_METHODS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__", ast.Div: "__truediv__",
+                     ast.MatMult: "__matmul__", ast.Pow: "__pow__", ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__"}
+
+
+def _reference_reaches(ref_src: str) -> list[tuple[str, object]]:
+    """What the reference's forward may call that a candidate could rebind to slow it down (the reference is timed
+    after the candidate's import, in its process: pitfalls 6 and 15): for every name and attribute in the reference's
+    source, the torch function, torch.nn.functional function, Tensor method or torch.nn class of that name (a class
+    with its own methods), plus every torch.nn.functional function (the nn classes call them) and the Tensor methods
+    behind the reference's operators. Looked up without side effects (getattr_static: no lazy imports); torch's own
+    late rebinding of manual_seed (importing dynamo wraps it) is left out. [(key, object)], in a stable order."""
+    import torch.nn.functional as F
+    try:
+        tree = ast.parse(ref_src)
+    except (SyntaxError, ValueError):
+        return []
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {_OPERATOR_METHODS[type(n.op)] for n in ast.walk(tree)
+              if isinstance(n, (ast.BinOp, ast.AugAssign)) and type(n.op) in _OPERATOR_METHODS}
+    names -= {"manual_seed"}
+    if not names:
+        return []
+    reaches = [(f"F.{k}", v) for k, v in sorted(vars(F).items()) if callable(v) and not isinstance(v, type)]
+    for name in sorted(names):
+        for label, owner in (("torch", torch), ("torch.Tensor", torch.Tensor)):
+            obj = inspect.getattr_static(owner, name, None)
+            if obj is not None and not isinstance(obj, type) and (callable(obj) or hasattr(obj, "__get__")):
+                reaches.append((f"{label}.{name}", obj))
+        cls = inspect.getattr_static(torch.nn, name, None)
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+            reaches += [(f"torch.nn.{name}.{k}", v) for k, v in sorted(vars(cls).items()) if callable(v)]
+    return reaches
+
+
+def _harness_snapshot(reaches: list[tuple[str, object]] = ()) -> dict:
+    """The functions and flags the harness relies on; compared by identity (functions) or value (flags). `reaches`
+    (from _reference_reaches) names what the reference may call: each is looked up again, by the same route."""
     import builtins
     import torch.utils.cpp_extension
     snap = {
@@ -828,6 +867,12 @@ def _harness_snapshot() -> dict:
             snap["InterpretedFunction.run"] = sys.modules["triton.runtime.interpreter"].InterpretedFunction.run
     # the harness's own functions, in every module of it that runs here (the static check bans importing them, but
     # a candidate that reached one anyway could patch it): each module's bindings, those it imported from the other
+    import torch.nn.functional as F
+    for key, _ in reaches:   # looked up now, by its key's route (the object in `reaches` is the one at the start)
+        owner, name = key.rsplit(".", 1)
+        where = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}.get(owner) or \
+            inspect.getattr_static(torch.nn, owner.split(".")[-1], None)
+        snap["reaches " + key] = inspect.getattr_static(where, name, None)
     own = {module.__name__ for module in _HARNESS_MODULES}
     for module in _HARNESS_MODULES:
         for name, obj in vars(module).items():
@@ -854,7 +899,8 @@ def _poison_cuda_allocator() -> None:
 
 def _import_candidate(job: dict, send, details: dict) -> tuple:
     """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
-    instr = _Instrumentation(job["backend"], job["device"], "kz_candidate")   # harness time: before the clock starts
+    instr = _Instrumentation(job["backend"], job["device"], "kz_candidate",   # harness time: before the clock
+                             job["ref_src"])                                 # starts
     send(("phase", "compile"))
     start = time.perf_counter()
     try:
