@@ -794,13 +794,13 @@ _OPERATOR_METHODS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__"
                      ast.MatMult: "__matmul__", ast.Pow: "__pow__", ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__"}
 
 
-def _reference_reaches(ref_src: str) -> list[tuple[str, object]]:
+def _reference_reaches(ref_src: str) -> list[str]:
     """What the reference's forward may call that a candidate could rebind to slow it down (the reference is timed
     after the candidate's import, in its process: pitfalls 6 and 15): for every name and attribute in the reference's
     source, the torch function, torch.nn.functional function, Tensor method or torch.nn class of that name (a class
     with its own methods), plus every torch.nn.functional function (the nn classes call them) and the Tensor methods
     behind the reference's operators. Looked up without side effects (getattr_static: no lazy imports); torch's own
-    late rebinding of manual_seed (importing dynamo wraps it) is left out. [(key, object)], in a stable order."""
+    late rebinding of manual_seed (importing dynamo wraps it) is left out. Keys ("torch.relu"), in a stable order."""
     import torch.nn.functional as F
     try:
         tree = ast.parse(ref_src)
@@ -813,19 +813,19 @@ def _reference_reaches(ref_src: str) -> list[tuple[str, object]]:
     names -= {"manual_seed"}
     if not names:
         return []
-    reaches = [(f"F.{k}", v) for k, v in sorted(vars(F).items()) if callable(v) and not isinstance(v, type)]
+    reaches = [f"F.{k}" for k, v in sorted(vars(F).items()) if callable(v) and not isinstance(v, type)]
     for name in sorted(names):
         for label, owner in (("torch", torch), ("torch.Tensor", torch.Tensor)):
             obj = inspect.getattr_static(owner, name, None)
             if obj is not None and not isinstance(obj, type) and (callable(obj) or hasattr(obj, "__get__")):
-                reaches.append((f"{label}.{name}", obj))
+                reaches.append(f"{label}.{name}")
         cls = inspect.getattr_static(torch.nn, name, None)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-            reaches += [(f"torch.nn.{name}.{k}", v) for k, v in sorted(vars(cls).items()) if callable(v)]
+            reaches += [f"torch.nn.{name}.{k}" for k, v in sorted(vars(cls).items()) if callable(v)]
     return reaches
 
 
-def _harness_snapshot(reaches: list[tuple[str, object]] = ()) -> dict:
+def _harness_snapshot(reaches: list[str] = ()) -> dict:
     """The functions and flags the harness relies on; compared by identity (functions) or value (flags). `reaches`
     (from _reference_reaches) names what the reference may call: each is looked up again, by the same route."""
     import builtins
@@ -868,7 +868,7 @@ def _harness_snapshot(reaches: list[tuple[str, object]] = ()) -> dict:
     # the harness's own functions, in every module of it that runs here (the static check bans importing them, but
     # a candidate that reached one anyway could patch it): each module's bindings, those it imported from the other
     import torch.nn.functional as F
-    for key, _ in reaches:   # looked up now, by its key's route (the object in `reaches` is the one at the start)
+    for key in reaches:   # looked up by its key's route, at the snapshot and again at every check
         owner, name = key.rsplit(".", 1)
         where = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}.get(owner) or \
             inspect.getattr_static(torch.nn, owner.split(".")[-1], None)
