@@ -124,6 +124,8 @@ class Config:
     #                                  if it has one, and cuda_ext/) to run on
     #                                  the same batch in the same call; "" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it; "none": no baseline run
+    round_baseline_first: bool = False  # (e) run the baseline before the variants (run a round both ways to see
+    #                                  whether going first or second costs a harness time)
     round_timing: str = ""           # (e) options of the new harness, "key=value,..."; several variants, each run
     #                                  on the same batch and compared with the first and the baseline, separated by
     #                                  ";" (e.g. "inputs_on_device=false;timing_budget_s=0.25;timing_adaptive=true")
@@ -839,6 +841,8 @@ def bench_round(cfg: Config, tag: str) -> None:
     else:
         runs["baseline"] = (eval_harness, {"share_reference": False, "inputs_on_device": False,   # (host inputs:
                                            **eval_harness.FIXED_TIMING})                       # the old harness)
+    if cfg.round_baseline_first and "baseline" in runs:
+        runs = {"baseline": runs.pop("baseline"), **runs}
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
     for run, (name, (module, opts)) in enumerate(runs.items()):
         # the same candidates, tagged anew per run: no run gets the Triton cache's kernels of the one before it
