@@ -591,7 +591,8 @@ def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | Non
     """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
     running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
     env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+               KZ_OWNER=str(os.getpid()))   # whose workers these are (ps, tests: another run's are not ours)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     if device == "cpu":

@@ -239,10 +239,12 @@ def test_harness_extract_code():
 # Isolation: batches, process accounting, robustness
 
 def _harness_processes_left(grace_s: float = 10.0) -> list[int]:
-    """Harness processes of this checkout still alive (not zombies) once `grace_s` has passed: zygotes (this
-    process's children) and the workers forked from them, wherever they were reparented if their zygote died. A
-    killed worker can take a moment to end (a CUDA context is torn down), hence the grace period."""
+    """Harness processes of this checkout and this process still alive (not zombies) once `grace_s` has passed:
+    zygotes (this process's children) and the workers forked from them, wherever they were reparented if their
+    zygote died; another run's harness on the same checkout (KZ_OWNER, another pid) is not counted. A killed worker
+    can take a moment to end (a CUDA context is torn down), hence the grace period."""
     marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import harness_worker".encode()
+    owner = f"KZ_OWNER={os.getpid()}".encode()
     deadline = time.monotonic() + grace_s
     while True:
         left = []
@@ -252,9 +254,11 @@ def _harness_processes_left(grace_s: float = 10.0) -> list[int]:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read()
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
             except OSError:
                 continue
-            if marker in cmd and _harness_alive(int(pid)):
+            if marker in cmd and owner in env and _harness_alive(int(pid)):
                 left.append(int(pid))
         if not left or time.monotonic() > deadline:
             return left
