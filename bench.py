@@ -681,10 +681,11 @@ def model_failures(paths: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def _tag_kernel(src: str, tag: str) -> str:
-    """The tag as a comment inside the first @triton.jit function's body (Triton's cache key is the function's source
-    from `def`) and before the first __global__ of a CUDA source (the build cache's key is the sources): no run and no
-    candidate is served another's compiled kernel."""
-    src = re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf"\1    # kz-bench {tag}\n", src, count=1)
+    """The tag as a string statement opening the first @triton.jit function's body (Triton's cache key is the
+    function's source from `def`) and as a comment before the first __global__ of a CUDA source, which is a string
+    (the build cache's key is the sources): no run and no candidate is served another's compiled kernel, and the
+    harness's deduplication, which ignores comments but not strings, sees every candidate as a program of its own."""
+    src = re.sub(r"(@triton\.jit\n(?:.*\n)*?.*\):\n)", rf'\1    "kz-bench {tag}"\n', src, count=1)
     return src.replace("__global__", f"// kz-bench {tag}\n__global__", 1)
 
 

@@ -324,11 +324,13 @@ def test_harness_bench_round_takes_a_models_failing_answers(tmp_path):
     pairs = bench.round_candidates("t", 3, 8, failures)
     relu, gelu, silu = pairs[:8], pairs[8:16], pairs[16:]
     assert [label for *_, label in relu] == ["ok"] * 5 + ["wrong", "fail", "wrong"]
-    assert relu[5][1].replace("    # kz-bench t-001_Relu-5\n", "").strip() == bad.strip() and relu[6][1] is None
-    assert relu[7][1].replace("    # kz-bench t-001_Relu-7\n", "").strip() == bad.strip()   # (cycled through)
+    assert relu[5][1].replace('    "kz-bench t-001_Relu-5"\n', "").strip() == bad.strip() and relu[6][1] is None
+    assert relu[7][1].replace('    "kz-bench t-001_Relu-7"\n', "").strip() == bad.strip()   # (cycled through)
     assert [label for *_, label in gelu][5:] == ["fail"] * 3 and "x = (" in gelu[5][1]
     assert [label for *_, label in silu] == ["ok"] * 5 + ["wrong", "fail", "fail"]   # no answers: synthetic
-    assert len({c for _, c, _ in relu[:5]}) == 5   # the golden ones, each tagged differently
+    assert len({c for _, c, _ in relu[:5]}) == 5   # the golden ones, each tagged differently,
+    tagged = [c for _, c, _ in relu + silu if c]   # and no two tagged candidates are one program to the harness's
+    assert len({eh._same_code_key(c) for c in tagged}) == len(tagged) == 15   # deduplication (it would run one)
 
 
 def test_harness_bench_round_cuda_candidates_are_labelled_right_on_the_cpu_checks():
@@ -339,7 +341,7 @@ def test_harness_bench_round_cuda_candidates_are_labelled_right_on_the_cpu_check
     pairs = bench.round_candidates("t", 2, 8, backend="cuda")
     assert [label for *_, label in pairs] == (["ok"] * 5 + ["wrong", "fail", "fail"]) * 2
     assert all("// kz-bench t-001_Relu-%d\n__global__" % i in pairs[i][1] for i in range(8) if i != 6)
-    assert len({c for _, c, _ in pairs}) == 16
+    assert len({c for _, c, _ in pairs}) == 16 == len({eh._same_code_key(c) for _, c, _ in pairs})
     early = [eh._precheck(c, "cuda") for _, c, _ in pairs]
     assert [e is None for e in early] == ([True] * 6 + [False, True]) * 2, [e and e.error for e in early]
     assert early[6].error_kind in ("compile", "format")
