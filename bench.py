@@ -34,7 +34,7 @@ How it departs from KernelBench's scripts: (1) builds are timed in fresh process
 `rollout` and `train` time the trainer's own code on any kernelzero model name (default: the named offline model
 qwen-coder-0.5b, which needs its packages, see README) and on a random Qwen2 model shaped like Qwen2.5-Coder-1.5B (no
 download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt lengths).
-  rollout: Coder prompts (level-1 modules) through kernelzero.rollout with the trainer's Config (bf16 sampler, static
+  rollout: Coder prompts (level-1 modules) through sampling.rollout with the trainer's Config (bf16 sampler, static
       cache + compiled decode, then the fp32 log-prob pass), `rollout_new_tokens` per completion, at each batch of
       `rollout_batches`. The first call of a shape compiles: its extra time is reported separately, and the "phase"
       speedup counts it once over `phase_prompts` prompts. Baseline: plain generate on the same bf16 sampler (stock
@@ -925,7 +925,7 @@ def bench_harness(cfg: Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# rollout and train benchmarks: the trainer's own code paths (kernelzero.rollout, kernelzero.policy_update)
+# rollout and train benchmarks: the trainer's own code paths (sampling.rollout, kernelzero.policy_update)
 
 SHAPES = {  # random Qwen2 models built from a config (no download): the paper's Coder size, and a CPU-sized twin
     "qwen1.5b-shape": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
@@ -967,6 +967,7 @@ def bench_policy(name: str, kcfg, device):
     """A kernelzero Policy (fp32 model + AdamW + bf16 sampler on a GPU). make_policy loads models by name only, so a
     random Qwen2 shape is built here and wrapped the way make_policy wraps a loaded model."""
     import kernelzero as kz
+    import sampling
     import models
     if name not in SHAPES:
         return kz.make_policy(name, kcfg, kcfg.lr, device)
@@ -984,11 +985,11 @@ def bench_policy(name: str, kcfg, device):
     with torch.device(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(kcfg.seed)
         model = Qwen2ForCausalLM(config)   # initialised in place on the GPU: seconds instead of a minute on the CPU
-    return kz.wrap_policy(*models.prepare(model, tok), kcfg, kcfg.lr, device)
+    return sampling.wrap_policy(*models.prepare(model, tok), kcfg, kcfg.lr, device)
 
 
 def encode(tok, prompts: list, kcfg):
-    """The prompts exactly as kernelzero.rollout tokenises them (chat template, left padding, bucketed length)."""
+    """The prompts exactly as sampling.rollout tokenises them (chat template, left padding, bucketed length)."""
     import kernelzero as kz
     return tok([kz.chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
                max_length=kcfg.max_prompt_tokens, pad_to_multiple_of=kcfg.prompt_bucket)
@@ -997,7 +998,7 @@ def encode(tok, prompts: list, kcfg):
 @contextlib.contextmanager
 def forced_generate(model, **extra):
     """Inside the block model.generate decodes exactly max_new_tokens (EOS is masked until then, so every call does
-    the same work). kernelzero.rollout stops at EOS; shadowing the sampler's generate is the smallest way to run
+    the same work). sampling.rollout stops at EOS; shadowing the sampler's generate is the smallest way to run
     that path otherwise unchanged. `extra`: more generate kwargs (the profiler's stopping criterion)."""
     plain = model.generate
 
@@ -1015,9 +1016,10 @@ def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
     """Plain sampler.generate (dynamic cache, nothing compiled) with the rollout's sampling settings. A 1-token call
     is the prefill; (steps-token call - 1-token call) / (steps - 1) is one decode step."""
     import kernelzero as kz
+    import sampling
     enc = encode(policy.tok, prompts, kcfg).to(device)
     kw = dict(input_ids=enc.input_ids, attention_mask=enc.attention_mask, do_sample=True, top_p=1.0, top_k=0,
-              temperature=kcfg.temperature, eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
+              temperature=kcfg.temperature, eos_token_id=sampling.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
 
     def generate(n):
         return policy.sampler.generate(**kw, max_new_tokens=n, min_new_tokens=n)
@@ -1032,7 +1034,7 @@ def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
 
 
 def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
-    """kernelzero.rollout as the trainer calls it (static cache + compiled decode on a GPU, then the fp32 model's
+    """sampling.rollout as the trainer calls it (static cache + compiled decode on a GPU, then the fp32 model's
     log-probs). The first call compiles; `reps` more are timed. gen_s is rollout's own clock (generate synchronises
     every step); total_s also holds the log-prob forward and decoding."""
     import kernelzero as kz
@@ -1049,7 +1051,7 @@ def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
 
 
 def profile_decode(policy, prompts: list, kcfg, steps: int, warm: int = 8, top: int = 12):
-    """`steps` decode steps of kernelzero.rollout's own sampler path under torch.profiler (CPU + CUDA activities),
+    """`steps` decode steps of sampling.rollout's own sampler path under torch.profiler (CPU + CUDA activities),
     after `warm` unprofiled ones: run it after a timed rollout of the same shape, so nothing compiles in it. A
     stopping criterion sees every step: it starts the profiler, then stops it and ends generate (the rest of the
     rollout, the log-prob pass, stays out). Device time is summed per kernel name (memcpy/memset included); kernel
@@ -1098,6 +1100,7 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
     """Greedy token ids of the rollout path against plain generate on the same sampler, before and after one
     policy_update (an AdamW step, then refresh_sampler copies the weights into the bf16 sampler in place)."""
     import kernelzero as kz
+    import sampling
     kcfg = dataclasses.replace(kcfg, max_new_tokens=cfg.greedy_new_tokens, gen_batch_size=len(prompts),
                                temperature=0.0)   # the trainer's greedy decoding
     enc = encode(policy.tok, prompts, kcfg)
@@ -1108,7 +1111,7 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
             batch = kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
             plain = policy.sampler.generate(input_ids=enc.input_ids.to(device), max_new_tokens=T, do_sample=False,
                                             attention_mask=enc.attention_mask.to(device),
-                                            eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
+                                            eos_token_id=sampling.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
         assert torch.equal(batch["input_ids"][:, :P].cpu(), enc.input_ids), "the two paths saw different prompts"
         return batch, batch["input_ids"][:, P:].cpu(), plain[:, P:].cpu()
     batch, ours0, plain0 = both()

