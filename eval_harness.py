@@ -64,74 +64,31 @@ How it departs from KernelBench's own eval (src/eval.py)
      that the candidate's own kernels launch, a PyTorch-fallback check (aten ops seen by a TorchDispatchMode beyond
      a small allowlist of glue ops), a snapshot of the harness's own references (allclose, timers, TF32 flags, ...)
      verified after every candidate phase, and a thread count.
-  5. Timing (GPU only): each model's forward is captured once as a CUDA graph and replayed between two CUDA events,
-     so no Python and no host latency sits inside the timed window (KernelBench calls the model between the events:
-     on a loaded machine the host's launch latency becomes part of a 0.1 ms kernel's time). A model whose forward
-     cannot be captured (a host sync, an unjoined side stream, a launch on the legacy stream), or whose replays do
-     not reproduce the reference outputs, is called eagerly instead, with a device-wide synchronize before the end
-     event (side streams inside); reference and candidate are always timed the same way (details["timing_method"]).
-     A 256 MB L2 flush before every rep, the input values alternating between two trials' (copied in, untimed),
-     under no_grad, the GPU held alone for the timed reps only (copies, captures and warm-up run while other
-     workers check); medians reported (means in details for KernelBench comparisons); reference and candidate
-     interleaved in the candidate's process, reps until both medians' distribution-free 95% confidence intervals
-     are within timing_ci (2%) of them, at least timing_min_reps, at most 300 or timing_budget_s. SPOT_CHECKS
-     unpredictable reps, every input set among them, have their output compared with GPU copies of the reference
-     outputs, which are checked against the host's after timing (reward_hack "reference_outputs": the candidate may
-     reach them). Options: timing_graphs=False and timing_adaptive=False give the eager, fixed-budget rule
-     (timing_budget_s spent, 30..300 reps); timing_headroom_us (a GPU sleep after each rep's flush, for the eager
-     method) stays off.
+  5. Timing (GPU only): each model's forward is captured once as a CUDA graph and replayed between two CUDA events
+     (no host latency inside the timed window; KernelBench calls the model between the events), eagerly with a
+     device-wide synchronize when it cannot be captured, and reference and candidate always the same way
+     (details["timing_method"]); a 256 MB L2 flush before every rep; reference and candidate interleaved in the
+     candidate's process until both medians' 95% confidence intervals are within timing_ci (2%); spot checks of
+     timed outputs. README, "How a kernel is timed", has the whole rule.
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
-Decisions worth knowing (each has a test in test_kernelzero.py)
+Decisions worth knowing (each has a test; README, "The evaluation harness", has GPU sharing, memory admission,
+inputs on the GPU, deduplication and timing in full)
   - Verdict order: harness integrity (patched references, threads, input mutation) > runtime error > wrong output
     (mismatch) > own kernels not launched > PyTorch fallback. `correct` is exactly error_kind == "ok".
   - The PyTorch-fallback rule is strict: any aten op in forward outside _GLUE_OPS (allocation, views, copies,
     casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count too. Ops run by Triton itself
     (launcher, interpreter, autotuner) are not recorded.
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
-  - Identical candidates of one task in one map() call (the same syntax tree: comments and spacing do not count) are
-    evaluated once (option dedupe): copies share the verdict and the speedup (details["duplicate_of"]), so timing
-    noise never ranks two copies of a kernel apart in a group.
-  - GPU sharing: up to `gpu_workers` candidates run their correctness checks on one GPU at once, but timing takes
-    the GPU exclusively (_Gate, waiting timers first), so process start-up, reference inputs, Triton JIT and
-    profiling overlap while every timed rep runs alone. A checking worker gives its turn back during each Triton
-    JIT compile and between trials (and between reference outputs), so a timer waits for one trial of each holder,
-    not for their whole checks. A GPU worker pays its CUDA context, Triton's driver start-up and (CUDA candidates)
-    the profiler's (seconds) at boot, while idle; the zygote already paid the imports, the first meta tensor and
-    Triton's compiler start-up. Each GPU keeps two idle workers per slot, booted when the Evaluator starts, and
-    each worker gets cores / slots CPU threads for torch (OMP_NUM_THREADS). An
-    out-of-memory verdict on a shared GPU is rerun alone. A caller's own GPU work (the trainer generating) can hold
-    the GPU alone meanwhile (Evaluator.holding_gpus). The gate holds across processes (a flock'd file per GPU
-    under $KZ_CACHE_DIR): two runs, an eval and a lint sharing one GPU never time while another uses the GPU.
-  - Trial inputs on the GPU (inputs_on_device, the default on CUDA): get_inputs() runs under
-    `with torch.device("cuda")`, inside the worker's shared GPU turn, so factory calls without a device (randn,
-    rand, randint, ...) make the inputs there in milliseconds, from the same per-trial seeds (other values than the
-    host's generator draws; reference and candidate see the same ones); tensors a task puts on the CPU are moved.
-    The inputs and the reference outputs stay on the GPU (max_trial_gb and the GPU memory admission count them
-    there; details["trials_on"]). A kernel can write anywhere in its process's GPU memory: rewriting the stored
-    inputs only makes its own outputs disagree, and each output's keyed fingerprint, kept on the host, is checked
-    after the trials and after timing (reward_hack "reference_outputs"); page-locked host copies of a 256 MB
-    task's outputs cost about a second per candidate. With inputs_on_device=False (and on the CPU) the
-    inputs are made on the host before the worker asks for the GPU (a timer waits for every holder; a reference
-    that mentions cuda asks first). Shared reference jobs send their trials through the host either way.
   - Zygotes are started with subprocess.Popen, not multiprocessing: the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported. A
     forked worker calls setsid() first, so the kill reaches its whole group; its zygote reaps it and reports its
     exit code (a segfault reads SIGSEGV). The zygote must never ask the CUDA driver anything (importing
     torch.utils.cpp_extension does): torch then refuses CUDA in every forked child.
-  - Shared reference work (share_reference; off by default: slower on the round batch, BENCHMARKS.md, "Harness
-    throughput for RL rounds"): the candidates of one task in one map call (a GRPO group, an eval's samples) get
-    their trials (inputs and reference outputs) from one "reference" job; each still times the reference itself.
-    The parent keeps the trials in an anonymous memory file sealed against writes (memfd) and passes each
-    candidate's worker its descriptor; the worker reads its own copy and closes it before the candidate is
-    imported: nothing a candidate does reaches the next one's trials. The worker still loads the task module (same
-    files, same init inputs). A failed reference job: each candidate makes its own.
-  - Memory admission (_Memory): before a job makes or receives its trials it is admitted by its bytes, host and
-    GPU (estimated from get_inputs() on the meta device, or measured by the shared reference job); a job waits
-    while they do not fit (details["mem_wait_s"]), and one larger than the whole budget runs alone.
-  - A worker's stdout/stderr go through a pipe; the parent keeps the last 64 KB for error messages, so a candidate
-    that prints a lot is judged by what it computes, not by a log file's size limit.
+  - Shared reference work (share_reference, off: slower): the parent keeps a task's trials in an anonymous memory
+    file sealed against writes (memfd); each candidate's worker reads its own copy and closes it before the
+    candidate is imported, so nothing a candidate does reaches the next one's trials.
   - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline: a build directory keyed by
     sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR (default ~/.cache/kernelzero), so cache hits across
     runs and no lock fights between different candidates; a precompiled header; torch's plain build as fallback.
