@@ -1285,8 +1285,6 @@ def _parse_config(argv, roles):
         values.update(CPU_FALLBACK)
         fell_back = True
     values.update(given)
-    if "gqa_attention" in values:  # a run config saved before `attention` replaced this switch
-        values["attention"] = "sdpa_gqa" if values.pop("gqa_attention") else "sdpa"
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Config)})
     if unknown:
         raise UsageError(f"{os.path.join(run_dir, 'config.json')} has settings this version does not know: {unknown}")

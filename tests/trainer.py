@@ -519,14 +519,17 @@ def test_trainer_config_argparse_round_trip():
         kz.parse_config(["--preset", "tiny", "--attention", "flash"])
 
 
-def test_trainer_resume_reads_a_config_saved_before_attention(tmp_path):
-    """Run configs saved before `attention` replaced the `gqa_attention` switch still resume, with the same meaning."""
-    for old, new in ((False, "sdpa"), (True, "sdpa_gqa")):
-        saved = {**dataclasses.asdict(kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path)])),
-                 "gqa_attention": old}
-        del saved["attention"]
-        (tmp_path / "config.json").write_text(json.dumps(saved))
-        assert kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path), "--resume"]).attention == new
+def test_trainer_resume_of_a_config_with_unknown_settings_is_one_clear_error(tmp_path):
+    """A run config written by another version (a setting this Config does not have) stops the resume with a usage
+    error naming the file and the settings, before any work; it is never silently dropped."""
+    saved = {**dataclasses.asdict(kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path)])),
+             "gqa_attention": True}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(kz.UsageError, match=r"config\.json has settings this version does not know: \['gqa_attention'\]"):
+        kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path), "--resume"])
+    del saved["gqa_attention"]   # the same file without it resumes with its own settings
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "group_size": 5}))
+    assert kz.parse_config(["--preset", "tiny", "--run-dir", str(tmp_path), "--resume"]).group_size == 5
 
 
 def test_trainer_plot_writes_png(tmp_path):
