@@ -33,6 +33,8 @@ self-distillation, the command line), three modules that do not import it:
 Run:
     python kernelzero.py                                  # default: Qwen2.5-Coder-0.5B, SFT warm start, then the loop
     python kernelzero.py --preset tiny --device cpu       # random tiny model, two rounds on the CPU (CI)
+    torchrun --standalone --nproc_per_node 8 kernelzero.py  # one GPU node: each rank its share of the rollouts and
+                                                          # kernels, FSDP2 updates (README, "One GPU node: torchrun")
     python kernelzero.py --resume --run-dir runs/kernelzero --rounds 40
     python kernelzero.py --coder-reward correctness       # ablation: plain 0/1 GRPO for the Coder
     python kernelzero.py --proposer-mode uniform          # ablation: uniform API sets, Proposer rewarded for validity
@@ -57,16 +59,20 @@ import re
 import shutil
 import sys
 import time
+import zlib
 from collections import Counter
+from datetime import timedelta
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from eval_harness import Evaluator, KernelResult, extract_code, lint_rule
 from kernelbench_tasks import catalog, held_out_hashes, synth
 from models import ATTENTIONS, model_problem
-from sampling import autocast, chat, focus, make_policy, refresh_sampler, rollout, sequence_logprobs
+from sampling import (all_sum, autocast, chat, focus, gather_rows, make_policy, microbatches, my_rows, rank,
+                      refresh_sampler, rollout, sequence_logprobs, world)
 from report import UsageError, bootstrap_ci, compare_evals, fast_p, geomean_speedup, pass_at_k, plot_runs
 
 
@@ -84,6 +90,8 @@ class Config:
     device: str = "auto"  # where the models generate and train: "auto" (cuda if available), "cuda", "cpu"
     backend: str = "cuda"  # kernel language the Coder writes: "cuda" or "triton" (the only one on a CPU)
     rounds: int = 20  # alternating rounds (proposer phase + coder phase)
+    dist_timeout_s: float = 1800.0  # torchrun: how long a rank waits for the others at a collective before the job
+    #                                 fails (a rank that died or hangs ends the run with an error, not a hang)
     # models
     coder_model: str = "qwen-coder-0.5b"  # a named offline model (models.NAMED_MODELS: "qwen-coder-0.5b",
     #                                       "qwen-coder-1.5b", "smollm2"), "tiny" (random, built in code), an HF id
@@ -255,6 +263,12 @@ def proposer_prompt(api_text):
 # SFT warm start
 
 
+def say(*args, **kwargs):
+    """print on rank 0 only: one console, however many ranks."""
+    if rank() == 0:
+        print(*args, **kwargs)
+
+
 def slug(name):
     return os.path.basename(os.path.normpath(name)).replace("/", "_") or "model"
 
@@ -292,32 +306,53 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
     rng = random.Random(cfg.seed)
     losses = []
     model.train()
-    for _ in tqdm(range(steps), desc=desc):
-        batch = [rng.choice(examples) for _ in range(cfg.sft_batch)]
+    for _ in tqdm(range(steps), desc=desc, disable=rank() > 0):
+        batch = [rng.choice(examples) for _ in range(cfg.sft_batch)]   # (the same on every rank: one rng seed)
+        mine = batch[my_rows(len(batch))]
         policy.opt.zero_grad(set_to_none=True)
         total = 0.0
-        for i in range(0, len(batch), cfg.micro_batch):
-            ids, mask, labels = sft_collate(policy.tok, batch[i:i + cfg.micro_batch], cfg, device)
+        for sl in microbatches(len(mine), cfg.micro_batch):
+            ids, mask, labels = sft_collate(policy.tok, mine[sl or slice(0, 1)] or batch[:1], cfg, device)
             with autocast(device):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
-            share = len(batch[i:i + cfg.micro_batch]) / len(batch)  # microbatches of (nearly) equal weight
+            # microbatches of (nearly) equal weight; FSDP2 averages gradients over ranks, hence the world factor
+            share = len(mine[sl]) / len(batch) * world() if sl else 0.0
             (loss * share).backward()
-            total += float(loss.detach()) * share
+            total += float(loss.detach()) * share / world()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         policy.opt.step()
-        losses.append(total)
+        losses.append(all_sum([total])[0])
     model.eval()
     refresh_sampler(policy)
     return losses
 
 
 def save_pretrained_atomic(policy, path):
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.model.save_pretrained(tmp)
-    policy.tok.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0."""
+    weights = full_state(policy)[0] if world() > 1 else None   # (every rank helps gather FSDP2's shards)
+    if rank() == 0:
+        tmp = path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.model.save_pretrained(tmp, state_dict=weights)
+        policy.tok.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    barrier()
+
+
+def full_state(policy):
+    """(model, AdamW) state dicts, whole, on the CPU, keyed by parameter name (torch.distributed.checkpoint's
+    state_dict API): the same files from any number of ranks, so a run resumes on any world size. Under torchrun
+    rank 0 gets them (the others an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(policy.model, options=whole),
+            get_optimizer_state_dict(policy.model, policy.opt, options=whole))
+
+
+def barrier():
+    if world() > 1:
+        dist.barrier()
 
 
 def write_jsonl(path, rows):
@@ -334,31 +369,32 @@ def sft_warm_start(cfg, device, harness_device):
     out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}")
     paths = os.path.join(out, "coder"), os.path.join(out, "proposer")
     if all(os.path.exists(os.path.join(p, "config.json")) for p in paths):
-        print(f"SFT warm start: using the checkpoint in {out}")
+        say(f"SFT warm start: using the checkpoint in {out}")
         return paths
     data = cfg.sft_data or os.path.join("runs", f"sft_data_{cfg.backend}", "pairs.jsonl")
-    if not os.path.exists(data):
+    if not os.path.exists(data) and rank() == 0:   # (the other ranks wait for the file at the barrier)
         print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "
               f"kernelbench_tasks.synth --n {cfg.sft_pairs} --backend {cfg.backend} --out {os.path.dirname(data)}`)")
         pairs, stats = synth.generate_pairs(cfg.sft_pairs, cfg.backend, cfg.seed, verify=True, device=harness_device,
                                       workers=cfg.eval_workers or None)
         print(f"synth: {stats}")
         write_jsonl(data, pairs)
+    barrier()
     with (gzip.open if data.endswith(".gz") else open)(data, "rt") as f:   # .jsonl or .jsonl.gz
         pairs = [json.loads(line) for line in f if line.strip()]
     pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
     if not pairs:
         raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
     coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
-    print(f"SFT warm start on {len(pairs)} pairs -> {out}")
+    say(f"SFT warm start on {len(pairs)} pairs -> {out}")
     t0 = time.perf_counter()
     for name, examples, path in ((cfg.coder_model, coder_ex, paths[0]), (cfg.proposer_model, proposer_ex, paths[1])):
         policy = make_policy(name, cfg, cfg.sft_lr, device)
         losses = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {os.path.basename(path)}")
-        print(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
+        say(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
         save_pretrained_atomic(policy, path)
         del policy
-    print(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
+    say(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
 
 
@@ -383,23 +419,34 @@ def timed(times, key):
     times[key] = times.get(key, 0.0) + time.perf_counter() - t0
 
 
-def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc):
+def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None):
     """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
     while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
     GPU itself is never shared with candidates: rollout holds it alone (Evaluator.holding_gpus), so no candidate is
     timed against the trainer's kernels or can exhaust the memory the trainer is using; they check and time between
-    generate calls and after the last one.
+    generate calls and after the last one. Under torchrun each rank generates and verifies its share of the prompts
+    (my_rows) on its own GPU; seed: see rollout.
     Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
-    Returns (batch, results), results in prompt order."""
+    Returns (batch, results, completions): batch holds this rank's rows, results and completions every rank's, in
+    prompt order."""
+    rows = my_rows(len(prompts))
+    mine = refs[rows]
     pending = []
     with concurrent.futures.ThreadPoolExecutor(1) as harness:
         def verify(start, texts):
-            pending.append(harness.submit(run_kernels, ev, refs[start:start + len(texts)], texts))
+            pending.append(harness.submit(run_kernels, ev, mine[start:start + len(texts)], texts))
         with timed(times, key + "_gen"):
-            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify)
+            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify,
+                            rows, seed)
         with timed(times, key + "_eval"):
-            results = [r for job in pending for r in job.result()]
-    return batch, results
+            results = gather_rows(r for job in pending for r in job.result())
+    return batch, results, gather_rows(batch["completions"])
+
+
+def phase_seed(cfg, round_, phase):
+    """The seed of one phase's sampling (rollout adds each generate call's first prompt index): a function of the
+    run's seed, the round and the phase, so that a resumed run and a run on more ranks draw the same samples."""
+    return zlib.crc32(f"{cfg.seed}/{round_}/{phase}".encode())
 
 
 def harness_seconds(results):
@@ -562,42 +609,53 @@ def select(batch, keep):
 
 def policy_update(policy, batch, advantages, cfg, lr=None):
     """One CA-GRPO update on a generation batch (from `rollout`): microbatches accumulate (microbatch_weight) into
-    one AdamW step per epoch. Returns averaged stats (loss, clip fractions, k3 KL, ratio) and the pre-clip grad norm."""
+    one AdamW step per epoch. Returns averaged stats (loss, clip fractions, k3 KL, ratio) and the pre-clip grad norm.
+    Under torchrun `batch` is this rank's rows (none at all is allowed): the normaliser is counted over every rank's
+    rows, FSDP2 averages the gradients over ranks (hence the world factor), so the step is the one-process step."""
     model, device = policy.model, next(policy.model.parameters()).device
     if lr is not None:
         for group in policy.opt.param_groups:
             group["lr"] = lr
     N, T = batch["completion_mask"].shape
     mask_all = batch["completion_mask"]
+    # this rank's share of the whole batch's normaliser (tokens for token-mean, sequences otherwise)
+    mine = float(mask_all.sum()) if cfg.loss_agg == "token-mean" else float((mask_all.sum(1) > 0).sum())
+    rank_share = world() * mine / max(all_sum([mine])[0], 1.0)
     totals, ratio_max = Counter(), 0.0
     model.train()
     for epoch in range(cfg.ppo_epochs):
         policy.opt.zero_grad(set_to_none=True)
-        for i in range(0, N, cfg.micro_batch):
-            sl = slice(i, i + cfg.micro_batch)
-            mask = mask_all[sl]
+        for sl in microbatches(N, cfg.micro_batch):
+            # (None: a row with weight 0, so that this rank runs as many forwards and backwards as the others)
+            rows = sl or slice(0, 1)
+            mask = mask_all[rows]
             with autocast(device):
-                logp = sequence_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T, cfg.temperature,
-                                         cfg.logprob_chunk)
+                logp = sequence_logprobs(model, batch["input_ids"][rows], batch["attention_mask"][rows], T,
+                                         cfg.temperature, cfg.logprob_chunk)
                 ref = None
                 if policy.ref is not None:
                     with torch.no_grad():
-                        ref = sequence_logprobs(policy.ref, batch["input_ids"][sl], batch["attention_mask"][sl], T,
-                                                cfg.temperature, cfg.logprob_chunk)
-            loss, stats = ca_grpo_loss(logp, batch["old_logprobs"][sl], advantages[sl].to(device), mask,
+                        ref = sequence_logprobs(policy.ref, batch["input_ids"][rows], batch["attention_mask"][rows],
+                                                T, cfg.temperature, cfg.logprob_chunk)
+            loss, stats = ca_grpo_loss(logp, batch["old_logprobs"][rows], advantages[rows].to(device), mask,
                                        ref_logprobs=ref, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                        kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
-            share = microbatch_weight(mask, mask_all, cfg.loss_agg)
+            share = microbatch_weight(mask, mask_all, cfg.loss_agg) * rank_share if sl else 0.0
             (loss * share).backward()
-            ratio_max = max(ratio_max, stats.pop("ratio_max"))
-            for k, v in stats.items():  # token-weighted averages over the batch
-                totals[k] += v * float(mask.sum()) if k != "tokens" else v
-            totals["loss"] += float(loss.detach()) * float(share)
+            if sl:
+                ratio_max = max(ratio_max, stats.pop("ratio_max"))
+                for k, v in stats.items():  # token-weighted averages over the batch
+                    totals[k] += v * float(mask.sum()) if k != "tokens" else v
+                totals["loss"] += float(loss.detach()) * float(share) / world()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         policy.opt.step()
-        totals["grad_norm"] += float(grad_norm)
+        totals["grad_norm"] += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     model.eval()
     refresh_sampler(policy)
+    keys = sorted(k for k in totals if k != "grad_norm")
+    for k, v in zip(keys, all_sum([totals[k] for k in keys])):   # every rank's sums: the whole batch's stats
+        totals[k] = v
+    ratio_max = max(gather_rows([ratio_max]))
     out = {k: v / max(totals["tokens"], 1.0) for k, v in totals.items() if k not in ("tokens", "loss", "grad_norm")}
     out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max)
     return out
@@ -605,13 +663,27 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
 
 def grpo_update(policy, batch, rewards, group_size, cfg, lr):
     """Group advantages of a batch's rewards, then one policy_update on the groups with reward spread (all groups
-    without cfg.filter_zero_std). Returns (update stats, {} when nothing trained; the (N,) reward-spread mask)."""
+    without cfg.filter_zero_std). rewards (N,) cover every rank's rows, batch this rank's (my_rows). Returns (update
+    stats, {} when nothing trained; the (N,) reward-spread mask)."""
     advantages = group_advantages(rewards, group_size, cfg.adv_scale)
     spread = drop_zero_std_groups(rewards, group_size)  # groups with equal rewards carry no policy gradient
     keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
     if not keep.any():
         return {}, spread
-    return policy_update(policy, select(batch, keep), advantages[keep], cfg, lr), spread
+    rows = my_rows(len(rewards))
+    if keep[rows].any():
+        return policy_update(policy, select(batch, keep[rows]), advantages[rows][keep[rows]], cfg, lr), spread
+    # none of this rank's rows trains, but the other ranks' forwards and backwards need this one's: a blank row
+    # (no completion tokens: weight 0)
+    return policy_update(policy, blank_row(batch), torch.zeros(1), cfg, lr), spread
+
+
+def blank_row(batch):
+    """One rollout row of padding with an empty completion mask: it trains nothing and counts nothing."""
+    (L, dev), T = (batch["input_ids"].shape[1], batch["input_ids"].device), batch["completion_mask"].shape[1]
+    return dict(input_ids=torch.zeros(1, L, dtype=torch.long, device=dev), completions=[""],
+                attention_mask=torch.ones(1, L, dtype=torch.long, device=dev),
+                completion_mask=torch.zeros(1, T, device=dev), old_logprobs=torch.zeros(1, T, device=dev))
 
 
 # -----------------------------------------------------------------------------
@@ -695,12 +767,16 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     api_sets = [catalog.sample_api_set(rng, cfg.apis_per_set, weights) for _ in range(cfg.api_sets_per_round)]
     with timed(times, "proposer_gen"):
         prompts = [proposer_prompt(catalog.render_api_set(apis)) for apis in api_sets for _ in range(G)]
-        batch = rollout(proposer.model, proposer.tok, prompts, cfg, proposer.sampler, desc="proposer")
-    codes = [extract_code(c) for c in batch["completions"]]
+        batch = rollout(proposer.model, proposer.tok, prompts, cfg, proposer.sampler, desc="proposer",
+                        rows=my_rows(len(prompts)), seed=phase_seed(cfg, state["round"], "proposer"))
+    codes = gather_rows(extract_code(c) for c in batch["completions"])   # (every rank's: all of them)
     set_of = [apis for apis in api_sets for _ in range(G)]
-    with timed(times, "validate"):
+    with timed(times, "validate"):   # each rank lints its share of the modules
         pool_hashes = {m["hash"] for m in state["pool"]}
-        valid, hashes, why, lint_examples = validate_modules(codes, set_of, pool_hashes, ev)
+        mine = my_rows(len(codes))
+        valid, hashes, why, examples = validate_modules(codes[mine], set_of[mine], pool_hashes, ev)
+        valid, hashes, why = gather_rows(valid), gather_rows(hashes), gather_rows(why)
+        lint_examples = {rule: text for part in reversed(gather_rows([examples])) for rule, text in part.items()}
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
     modules, results = {}, []
     for code, h, v, apis in zip(codes, hashes, valid, set_of):
@@ -711,7 +787,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
         prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules.values()
                    for _ in range(cfg.k_probe)]
         refs = [m["src"] for m in modules.values() for _ in range(cfg.k_probe)]
-        _, results = generate_and_verify(ev, coder, prompts, refs, cfg, times, "probe", "probe")
+        _, results, _ = generate_and_verify(ev, coder, prompts, refs, cfg, times, "probe", "probe",
+                                            phase_seed(cfg, state["round"], "probe"))
         correct, _ = kernel_scores(results)
         for m, c in zip(modules.values(), correct.view(-1, cfg.k_probe).tolist()):
             m["p"] = sum(c) / len(c)
@@ -766,7 +843,8 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     modules = state["rng"].sample(state["pool"], min(cfg.modules_per_round, len(state["pool"])))
     prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(G)]
     refs = [m["src"] for m in modules for _ in range(G)]
-    batch, results = generate_and_verify(ev, coder, prompts, refs, cfg, times, "coder", "coder")
+    batch, results, _ = generate_and_verify(ev, coder, prompts, refs, cfg, times, "coder", "coder",
+                                            phase_seed(cfg, state["round"], "coder"))
     correct, speedup = kernel_scores(results)
     if cfg.coder_reward == "correctness":  # ablation: plain 0/1 GRPO (an all-correct group has zero advantage)
         rewards, gate = correct.clone(), torch.zeros_like(correct)
@@ -786,7 +864,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
             "coder/duplicate_frac": sum("duplicate_of" in r.details for r in results) / len(results),
             "coder/harness_s": harness_seconds(results),
             "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
-            "coder/completion_tokens": float(batch["completion_mask"].sum(1).mean()),
+            "coder/completion_tokens": all_sum([float(batch["completion_mask"].sum())])[0] / len(results),
             **{f"coder/{k}": v for k, v in stats.items()}}
 
 
@@ -794,46 +872,46 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
 # The alternating loop
 
 
-def rng_state(state):
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return dict(python=state["rng"].getstate(), torch=torch.get_rng_state(), cuda=cuda)
-
-
 def save_checkpoint(run_dir, coder, proposer, state):
-    """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones."""
+    """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones. The
+    state dicts are whole (full_state) and rank 0 writes them: a run resumes on any number of ranks."""
     name = f"ckpt_{state['round']:05d}"
-    tmp, final = os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    for role, pol in (("coder", coder), ("proposer", proposer)):
-        torch.save({"model": pol.model.state_dict(), "opt": pol.opt.state_dict()}, os.path.join(tmp, f"{role}.pt"))
-    saved = {k: v for k, v in state.items() if k != "rng"}
-    torch.save({**saved, "rng_states": rng_state(state)}, os.path.join(tmp, "state.pt"))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    with open(os.path.join(run_dir, "latest.tmp"), "w") as f:
-        f.write(name)
-    os.replace(os.path.join(run_dir, "latest.tmp"), os.path.join(run_dir, "latest"))  # the commit point
-    for old in glob.glob(os.path.join(run_dir, "ckpt_*")):
-        if os.path.basename(old) != name:
-            shutil.rmtree(old, ignore_errors=True)
+    weights = {role: full_state(pol) for role, pol in (("coder", coder), ("proposer", proposer))}   # (all ranks)
+    if rank() == 0:
+        tmp, final = os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        for role, (model, opt) in weights.items():
+            torch.save({"model": model, "opt": opt}, os.path.join(tmp, f"{role}.pt"))
+        # the python RNG draws API sets and pool modules (the same on every rank); sampling has its own seeds
+        saved = {k: v for k, v in state.items() if k != "rng"}
+        torch.save({**saved, "rng_state": state["rng"].getstate()}, os.path.join(tmp, "state.pt"))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        with open(os.path.join(run_dir, "latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(run_dir, "latest.tmp"), os.path.join(run_dir, "latest"))  # the commit point
+        for old in glob.glob(os.path.join(run_dir, "ckpt_*")):
+            if os.path.basename(old) != name:
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
 
 
 def load_checkpoint(run_dir, coder, proposer):
+    """The latest checkpoint into both policies (each rank reads the whole file and keeps its shard); the loop's
+    state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    whole = StateDictOptions(full_state_dict=True)
     with open(os.path.join(run_dir, "latest")) as f:
         path = os.path.join(run_dir, f.read().strip())
     for role, pol in (("coder", coder), ("proposer", proposer)):
-        ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location=next(pol.model.parameters()).device)
-        pol.model.load_state_dict(ckpt["model"])
-        pol.opt.load_state_dict(ckpt["opt"])
+        ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location="cpu")
+        set_model_state_dict(pol.model, ckpt["model"], options=whole)
+        set_optimizer_state_dict(pol.model, pol.opt, ckpt["opt"], options=whole)
         refresh_sampler(pol)
     state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file: python RNG state, pool
-    rngs = state.pop("rng_states")
     state["rng"] = random.Random()
-    state["rng"].setstate(rngs["python"])
-    torch.set_rng_state(rngs["torch"])
-    if rngs["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rngs["cuda"])
+    state["rng"].setstate(state.pop("rng_state"))
     return state
 
 
@@ -843,6 +921,29 @@ def resolve_device(cfg):
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no GPU is visible; use --device cpu (and --backend triton)")
     return torch.device(cfg.device)
+
+
+def setup_ranks(cfg):
+    """This process's device. Under torchrun (it sets LOCAL_RANK, RANK, WORLD_SIZE): one GPU per rank and NCCL, or
+    gloo for ranks on the CPU (the tests); a collective waits at most cfg.dist_timeout_s, so a rank that died or
+    hangs ends the job with an error instead of a hang. Without torchrun: resolve_device, no process group."""
+    device = resolve_device(cfg)
+    if "LOCAL_RANK" not in os.environ or dist.is_initialized():
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=timedelta(seconds=cfg.dist_timeout_s))
+    return device
+
+
+def open_evaluator(cfg, harness_device, device, **opts):
+    """The harness for this process: every GPU without torchrun, this rank's own GPU under it (timing stays fair per
+    GPU), and the CPU cores shared out between the ranks."""
+    workers = cfg.eval_workers or (None if world() == 1 else max(1, len(os.sched_getaffinity(0)) // world()))
+    gpus = [device.index] if device.index is not None else None
+    return Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=workers, gpus=gpus, **opts)
 
 
 def harness_device_for(cfg, device):
@@ -900,10 +1001,11 @@ def console_line(rec, cfg=None):
 
 
 def append_metrics(metrics_path, state, rec):
-    """One JSON line per record; state["metrics_lines"] counts them so that a resume drops lines written after the
-    checkpoint it restarts from."""
-    with open(metrics_path, "a") as f:
-        f.write(json.dumps(rec) + "\n")
+    """One JSON line per record (rank 0 writes); state["metrics_lines"] counts them so that a resume drops lines
+    written after the checkpoint it restarts from."""
+    if rank() == 0:
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
     state["metrics_lines"] += 1
 
 
@@ -928,16 +1030,18 @@ def plan(cfg, device):
 
 
 def main(cfg):
-    """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR."""
-    device = resolve_device(cfg)
+    """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR. Under
+    torchrun every rank runs this; rank 0 alone prints and writes files."""
+    device = setup_ranks(cfg)
     harness_device = harness_device_for(cfg, device)
     os.makedirs(cfg.run_dir, exist_ok=True)
     resuming = cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest"))
     if not cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest")):
         raise SystemExit(f"{cfg.run_dir} already holds a checkpoint: pass --resume, or a new --run-dir")
-    with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=1)
-    print(plan(cfg, device), flush=True)
+    if rank() == 0:
+        with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=1)
+    say(plan(cfg, device), flush=True)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     coder_src, proposer_src = cfg.coder_model, cfg.proposer_model
@@ -950,31 +1054,33 @@ def main(cfg):
         state = load_checkpoint(cfg.run_dir, coder, proposer)
         # drop metrics written after the checkpoint (a killed round is redone from the start)
         lines = open(metrics_path).readlines()[:state["metrics_lines"]] if os.path.exists(metrics_path) else []
-        with open(metrics_path, "w") as f:
-            f.writelines(lines)
-        print(f"resumed {cfg.run_dir} at round {state['round']} (pool {len(state['pool'])})")
+        if rank() == 0:
+            with open(metrics_path, "w") as f:
+                f.writelines(lines)
+        say(f"resumed {cfg.run_dir} at round {state['round']} (pool {len(state['pool'])})")
     else:
-        open(metrics_path, "w").close()
+        if rank() == 0:
+            open(metrics_path, "w").close()
         state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
                      pool=starting_pool(cfg, harness_device))
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as held_out_ev:
+    with open_evaluator(cfg, harness_device, device) as held_out_ev:
         ev = held_out_ev.with_options(timing_budget_s=cfg.timing_budget_s)   # the probe and Coder phases
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
             times = {}
             with timed(times, "eval"):
                 rec = {"round": -1, **held_out_eval(coder, cfg, held_out_ev, -1)}
             append_metrics(metrics_path, state, {**rec, "time/eval": times["eval"]})
-            print("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
+            say("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
         while state["round"] < cfg.rounds:
             times, t0 = {}, time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             rec = {"round": state["round"]}
             n_props = cfg.api_sets_per_round * cfg.group_size_proposer
-            print(f"round {state['round']}: proposer writes {n_props} modules, the Coder probes each valid one "
+            say(f"round {state['round']}: proposer writes {n_props} modules, the Coder probes each valid one "
                   f"{cfg.k_probe} times, the Proposer updates ...", flush=True)
             rec.update(proposer_phase(proposer, coder, ev, state, cfg, device, times))
-            print(f"round {state['round']}: the Coder writes {cfg.group_size} kernels for each of "
+            say(f"round {state['round']}: the Coder writes {cfg.group_size} kernels for each of "
                   f"{min(cfg.modules_per_round, len(state['pool']))} pool modules, the harness checks them, "
                   f"the Coder updates ...", flush=True)
             rec.update(coder_phase(coder, proposer, ev, state, cfg, device, times))
@@ -986,18 +1092,18 @@ def main(cfg):
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
             append_metrics(metrics_path, state, rec)
-            print(console_line(rec, cfg))
-            print("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
+            say(console_line(rec, cfg))
+            say("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
             state["round"] += 1
             t1 = time.perf_counter()
             save_checkpoint(cfg.run_dir, coder, proposer, state)
             left = cfg.rounds - state["round"]
-            print(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s"
+            say(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s"
                   + (f"; {left} round(s) left, about {left * rec['time/round'] / 60:.0f} min more" if left else ""),
                   flush=True)
     for role, pol in (("coder", coder), ("proposer", proposer)):  # for `eval --coder-model RUN_DIR/coder`
         save_pretrained_atomic(pol, os.path.join(cfg.run_dir, role))
-    print(f"done in {(time.perf_counter() - t_start) / 60:.1f} min. Results in {cfg.run_dir}/: metrics.jsonl (one line "
+    say(f"done in {(time.perf_counter() - t_start) / 60:.1f} min. Results in {cfg.run_dir}/: metrics.jsonl (one line "
           f"a round), coder/ and proposer/ (the trained models). Next: `python kernelzero.py plot {cfg.run_dir}` "
           f"draws the curves; `python kernelzero.py eval --coder-model {cfg.run_dir}/coder --backend {cfg.backend}` "
           f"scores the Coder on held-out tasks.")
@@ -1028,7 +1134,7 @@ def load_tasks(level, kernelbench_dir="", max_tasks=0):
 ANSWER_CHARS = 4000   # of each answer kept in an eval's JSON (a level's 8 samples per task: ~2 MB)
 
 
-def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0):
+def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0, seed=None):
     """pass@k (with a bootstrap interval for pass@1), fast_p and the geometric-mean speedup of the Coder on one level.
 
     fast_p counts every sample: with one sample per task it is KernelBench's fast_p, with n it is that number's
@@ -1036,7 +1142,8 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     tasks = load_tasks(level, kernelbench_dir, max_tasks)
     prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
     refs = [src for _, src in tasks for _ in range(samples)]
-    batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}")
+    _, results, answers = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}",
+                                              seed)
     per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
     n_correct = [sum(r.correct for r in rs) for rs in per_task]
     out = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in n_correct) / len(tasks)
@@ -1053,7 +1160,7 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     out["tasks"] = {name: dict(n=samples, correct=c, sample_correct=[r.correct for r in rs],
                                sample_speedup=[r.speedup for r in rs], sample_kind=[r.error_kind for r in rs],
                                first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
-                               answers=[a[:ANSWER_CHARS] for a in batch["completions"][i * samples:(i + 1) * samples]])
+                               answers=[a[:ANSWER_CHARS] for a in answers[i * samples:(i + 1) * samples]])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out
 
@@ -1064,9 +1171,12 @@ def held_out_eval(coder, cfg, ev, round_):
     sample's verdict and speedup, the first one's error and answer; `compare` reads it), not to metrics.jsonl."""
     out, tasks = {}, {}
     for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
-        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks)
+        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks,
+                             seed=phase_seed(cfg, round_, f"eval level{level}"))
         out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
         tasks[f"level{level}"] = res["tasks"]
+    if rank() > 0:
+        return out
     with open(os.path.join(cfg.run_dir, f"eval_round{round_}.json"), "w") as f:
         json.dump({"round": round_, "samples": cfg.eval_samples, "model": cfg.coder_model,
                    "temperature": cfg.temperature, **tasks}, f, indent=1)
@@ -1074,18 +1184,22 @@ def held_out_eval(coder, cfg, ev, round_):
 
 
 def run_eval(cfg):
-    """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR."""
-    device = resolve_device(cfg)
+    """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR (under
+    torchrun each rank generates and verifies its share)."""
+    device = setup_ranks(cfg)
     harness_device = harness_device_for(cfg, device)
-    print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    say("config: " + json.dumps(dataclasses.asdict(cfg)))
     if cfg.temperature == 0 and cfg.samples > 1:
-        print(f"note: greedy decoding (--temperature 0) gives every sample the same answer: 1 sample per task, "
+        say(f"note: greedy decoding (--temperature 0) gives every sample the same answer: 1 sample per task, "
               f"not {cfg.samples}")
         cfg = dataclasses.replace(cfg, samples=1)
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None) as ev:
-        res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks)
+    with open_evaluator(cfg, harness_device, device) as ev:
+        res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks,
+                             phase_seed(cfg, -1, f"eval level{cfg.level}"))
+    if rank() > 0:
+        return res
     if harness_device == "cpu":
         print("note: the CPU has no timing: fast_p and the speedup need one, so they are 0 / null here")
     summary = {k: v for k, v in res.items() if k != "tasks"}
@@ -1117,13 +1231,14 @@ def self_distill(policy, cfg, ev, n_modules, samples, keep):
     prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
     refs = [m["module"] for m in modules for _ in range(samples)]
     times = {}
-    batch, results = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill")
+    _, results, answers = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill",
+                                              phase_seed(cfg, -1, "distill"))
     pairs, kinds = [], Counter()
     for i, module in enumerate(modules):
         kept = set()
         for j in range(i * samples, (i + 1) * samples):
             if results[j].correct and len(kept) < keep:
-                code = extract_code(batch["completions"][j])
+                code = extract_code(answers[j])
                 h = catalog.normalized_source_hash(code)
                 if h not in kept:
                     kept.add(h)
@@ -1143,15 +1258,16 @@ def run_distill(cfg):
     concatenate it with the templated corpus for a mix."""
     if cfg.distill_keep < 1:
         raise SystemExit(f"--distill-keep {cfg.distill_keep}: keep at least 1 kernel per module")
-    device = resolve_device(cfg)
+    device = setup_ranks(cfg)
     harness_device = harness_device_for(cfg, device)
-    print("config: " + json.dumps(dataclasses.asdict(cfg)))
+    say("config: " + json.dumps(dataclasses.asdict(cfg)))
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
     # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
-    with Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=cfg.eval_workers or None,
-                   timing=False) as ev:
+    with open_evaluator(cfg, harness_device, device, timing=False) as ev:
         pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep)
+    if rank() > 0:
+        return pairs, stats
     path = os.path.join(cfg.run_dir, "pairs.jsonl")
     write_jsonl(path, pairs)
     with open(os.path.join(cfg.run_dir, "stats.json"), "w") as f:
@@ -1221,6 +1337,10 @@ def config_problem(cfg, roles=("coder", "proposer")):
             low = {ABOVE_0: "above 0", 0: "0 or more"}.get(lo, f"{lo} or more")
             bound = low if hi is None else f"{low} and {'below 1' if hi == BELOW_1 else f'at most {hi}'}"
             return f"--{name.replace('_', '-')} {v}: must be {bound}"
+    if "LOCAL_RANK" in os.environ and cfg.offload_idle:
+        return "--offload-idle: not under torchrun (FSDP2 already spreads the weights over the GPUs)"
+    if "LOCAL_RANK" in os.environ and cfg.logprob_chunk:
+        return "--logprob-chunk: not under torchrun (it calls the model's parts, which FSDP2 gathers as a whole); use 0"
     if cfg.frontier_low > cfg.frontier_high:
         return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
     if not cfg.run_dir.strip():
@@ -1320,3 +1440,5 @@ def cli(argv):
 
 if __name__ == "__main__":
     cli(sys.argv[1:])
+    if dist.is_initialized():   # (torchrun)
+        dist.destroy_process_group()

@@ -25,11 +25,63 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from tqdm import tqdm
 
 from models import load_model, set_attention
+
+# -----------------------------------------------------------------------------
+# Ranks (torchrun): one process per GPU, each with its share of a phase's rows
+# Without torchrun there is no process group: world() is 1, my_rows() is every row, and the collectives below return
+# their input, so a one-process run is the plain program.
+
+
+def world():
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank():
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def my_rows(n):
+    """This rank's contiguous share of n rows (sizes differ by at most one): 10 rows on 4 ranks are 2, 3, 2, 3."""
+    return slice(n * rank() // world(), n * (rank() + 1) // world())
+
+
+def gather_rows(items):
+    """Every rank's list, concatenated in rank order (the inverse of my_rows): all ranks get the whole batch's
+    verdicts and texts, so group statistics, rewards and pool updates are those of a one-process run."""
+    if world() == 1:
+        return list(items)
+    parts = [None] * world()
+    dist.all_gather_object(parts, list(items))
+    return [x for part in parts for x in part]
+
+
+def _reduce(values, op):
+    if world() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64,
+                     device="cuda" if dist.get_backend() == "nccl" else "cpu")   # (NCCL reduces GPU tensors only)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def all_sum(values):
+    """[float] summed elementwise over ranks."""
+    return _reduce(values, dist.ReduceOp.SUM if dist.is_initialized() else None)
+
+
+def microbatches(n, size):
+    """Slices of `size` rows covering n rows, then None until this rank has as many as the rank with the most:
+    FSDP2 gathers weights in every forward and reduces gradients in every backward, so every rank must run the same
+    number of them (a None runs a row with weight 0). One process: the plain slices."""
+    own = [slice(i, i + size) for i in range(0, n, size)]
+    most = int(_reduce([len(own)], dist.ReduceOp.MAX if dist.is_initialized() else None)[0])
+    return own + [None] * (most - len(own))
 
 
 # -----------------------------------------------------------------------------
@@ -48,20 +100,39 @@ class Policy:
 
 
 def wrap_policy(model, tok, cfg, lr, device):
-    """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference."""
+    """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference.
+    Under torchrun the trained model is sharded across the ranks with FSDP2 (each keeps a slice of the weights,
+    gradients and AdamW state; a 7B Coder fits 8 GPUs so), and every rank samples from a whole copy of its own."""
     model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     sampler = model
     if device.type == "cuda":
         sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
+    elif dist.is_initialized():   # (ranks generate different lengths: a sharded sampler would wait for the others)
+        sampler = copy.deepcopy(model).eval().requires_grad_(False)
     if cfg.attention != "sdpa":
         set_attention(sampler, cfg.attention)
     ref = None
     if cfg.kl_coef > 0:
         ref = copy.deepcopy(model).eval().requires_grad_(False)
+    if dist.is_initialized():
+        shard_model(model, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     return Policy(model, tok, opt, sampler, ref)
+
+
+def shard_model(model, device):
+    """FSDP2 (torch.distributed.fsdp.fully_shard), the way PyTorch's own recipes apply it: each transformer block is
+    one unit (its weights gathered just before it runs, its gradients reduce-scattered right after), and the root
+    holds the rest (embeddings, final norm, lm_head, tied or not)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(device.type, (world(),))
+    for block in model.modules():
+        if type(block).__name__.endswith("DecoderLayer"):   # (Qwen2DecoderLayer, LlamaDecoderLayer, ...)
+            fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def make_policy(name, cfg, lr, device):
@@ -73,7 +144,7 @@ def refresh_sampler(policy):
     """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid)."""
     if policy.sampler is not policy.model:
         for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
-            p_s.copy_(p)
+            p_s.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)   # (FSDP2: gather the shards)
 
 
 def place(policy, device):
@@ -213,7 +284,8 @@ def chat(tok, text):
 
 
 @torch.no_grad()
-def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=contextlib.nullcontext, on_chunk=None):
+def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=contextlib.nullcontext, on_chunk=None,
+            rows=None, seed=None):
     """Sample one completion per prompt (repeat a prompt for a group) and score it with the training model.
 
     All prompts of a phase are padded (left) to one bucketed length P and completions to max_new_tokens T, so every
@@ -222,12 +294,18 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
       old_logprobs (N, T) from `model`, timing {gen_s, logprob_s, new_tokens, tokens_per_s}
     gpu_turn() is entered around every generate call and the scoring pass (Evaluator.holding_gpus: no candidate runs
     on the GPU meanwhile); on_chunk(start, texts) gets each generate call's completions as soon as they exist.
+    rows (a slice): generate only those prompts (this rank's share, my_rows), padded like the whole list, so that a
+    prompt's tokens do not depend on the number of ranks. seed: each generate call samples from torch's generator
+    seeded with seed + the index of its first prompt in the whole list: a run is reproducible, and N ranks whose
+    shares are whole generate batches sample exactly what one process does.
     """
     sampler = sampler if sampler is not None else model
     device = next(model.parameters()).device
     T = cfg.max_new_tokens
     enc = tok([chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
               max_length=cfg.max_prompt_tokens, pad_to_multiple_of=cfg.prompt_bucket)
+    rows = rows or slice(0, len(prompts))
+    enc_ids, enc_mask = enc.input_ids[rows], enc.attention_mask[rows]   # (N, P) this rank's rows
     stops = stop_ids(tok)
     gen_kwargs = dict(max_new_tokens=T, eos_token_id=stops, pad_token_id=tok.pad_token_id)
     if cfg.temperature > 0:  # plain ancestral sampling: no top-p/top-k, so the log-probs below are the sampler's own
@@ -244,14 +322,16 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
     sampler.eval()
     chunks, masks, texts = [], [], []
     B = cfg.gen_batch_size
-    starts = range(0, len(prompts), B)
-    for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2):
-        ids, mask = enc.input_ids[i:i + B], enc.attention_mask[i:i + B]
+    starts = range(0, len(enc_ids), B)
+    for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2 or rank() > 0):
+        ids, mask = enc_ids[i:i + B], enc_mask[i:i + B]
         n = ids.shape[0]
         if cfg.pad_batches and n < B:
             # a smaller last batch would be a new compiled shape: fill it with copies of its last prompt, whose
             # outputs are dropped (greedy copies stop with their original; sampled ones may run a few steps longer)
             ids, mask = (torch.cat([x, x[-1:].expand(B - n, -1)]) for x in (ids, mask))
+        if seed is not None:
+            torch.manual_seed(seed + rows.start + i)
         with gpu_turn():
             out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                    **gen_kwargs)[:n, ids.shape[1]:]
@@ -261,19 +341,22 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
                                   skip_special_tokens=True, clean_up_tokenization_spaces=False)
         if on_chunk:
             on_chunk(i, texts[i:])
-    completion_ids, cmask = torch.cat(chunks), torch.cat(masks)  # (N, T) each
+    empty = torch.zeros(0, T, dtype=torch.long, device=device)   # (a rank with no rows: more ranks than prompts)
+    completion_ids, cmask = torch.cat(chunks or [empty]), torch.cat(masks or [empty.float()])  # (N, T) each
     gen_s = time.perf_counter() - t0
-    input_ids = torch.cat([enc.input_ids.to(device), completion_ids], 1)  # (N, P+T)
-    attention_mask = torch.cat([enc.attention_mask.to(device), torch.ones_like(completion_ids)], 1)
+    input_ids = torch.cat([enc_ids.to(device), completion_ids], 1)  # (N, P+T)
+    attention_mask = torch.cat([enc_mask.to(device), torch.ones_like(completion_ids)], 1)
     t0 = time.perf_counter()
     model.eval()
-    old = []
-    for i in range(0, len(prompts), cfg.micro_batch):
+    old = [torch.zeros(0, T, device=device)]
+    pad_row = torch.full((1, input_ids.shape[1]), tok.pad_token_id, device=device)
+    for sl in microbatches(len(input_ids), cfg.micro_batch):
+        ids, mask = (input_ids[sl], attention_mask[sl]) if sl else (pad_row, torch.ones_like(pad_row))
         with gpu_turn(), autocast(device):
             # the update's own chunking: the old and new log-probs round alike, so the first ratio is 1
-            old.append(sequence_logprobs(model, input_ids[i:i + cfg.micro_batch],
-                                         attention_mask[i:i + cfg.micro_batch], T, cfg.temperature,
-                                         cfg.logprob_chunk))
+            logp = sequence_logprobs(model, ids, mask, T, cfg.temperature, cfg.logprob_chunk)
+        if sl:   # (None: the other ranks' forward needed this one's part of the weights; the output is dropped)
+            old.append(logp)
     logprob_s = time.perf_counter() - t0
     new_tokens = int(cmask.sum())
     return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,

@@ -43,3 +43,4 @@ from tests.named_models import *  # noqa: E402,F401,F403
 from tests.harness_throughput import *  # noqa: E402,F401,F403
 from tests.newcomer import *  # noqa: E402,F401,F403
 from tests.replication import *  # noqa: E402,F401,F403
+from tests.distributed import *  # noqa: E402,F401,F403

@@ -52,7 +52,7 @@ def test_bench_rollout_cpu_writes_records_with_full_length_and_greedy_identity(t
     for r in rollouts:
         assert r["model"] == "tiny" and r["gpu"] is None and r["ours"]["peak_gb"] is None and r["attention"] == "sdpa_gqa"
         assert r["ours"]["new_tokens"] == r["batch"] * 8   # EOS masked: every completion is full length
-        assert r["ours_tok_s"] > 0 and r["plain_tok_s"] > 0   # (decode_ms alone can dip below 0 on a noisy CPU)
+        assert r["ours_tok_s"] > 0 and r["plain_tok_s"] > 0 and r["plain"]["decode_ms"] >= 0
         assert r["speedup"] == pytest.approx(r["ours_tok_s"] / r["plain_tok_s"])
         assert r["plain"]["prompt_len"] % kz.PRESETS["tiny"]["prompt_bucket"] == 0
     (greedy,) = [r for r in rows if r["section"] == "greedy"]

@@ -118,7 +118,7 @@ def test_replication_distill_keeps_distinct_verified_kernels(tmp_path, monkeypat
         drawn.extend(pairs)
         return pairs, stats
 
-    def rollout(model, tok, prompts, cfg, sampler=None, desc="", gpu_turn=None, on_chunk=None):
+    def rollout(model, tok, prompts, cfg, sampler=None, desc="", gpu_turn=None, on_chunk=None, rows=None, seed=None):
         golden = drawn[0]["solution"]
         answers = {drawn[0]["module"]: [golden, golden + "\n# the same kernel\n", golden + "\nKEEP = 1\n",
                                         golden + "\nKEEP = 2\n"],

@@ -30,7 +30,7 @@ def _phase_fakes(monkeypatch, results_fn):
     from eval_harness import KernelResult
     seen = {"adv": [], "prompts": []}
 
-    def rollout(model, tok, prompts, cfg, sampler=None, desc="", gpu_turn=None, on_chunk=None):
+    def rollout(model, tok, prompts, cfg, sampler=None, desc="", gpu_turn=None, on_chunk=None, rows=None, seed=None):
         seen["prompts"] += prompts
         n = len(prompts)
         completions = [f"```python\n# {i}\n```" for i in range(n)]
@@ -63,7 +63,8 @@ def test_trainer_ablation_correctness_only_coder_reward(monkeypatch, mode):
     advantages, where CA-GRPO (tau <= 1) separates the fast kernel from the slow one."""
     seen = _phase_fakes(monkeypatch, lambda n: [(True, s) for s in [2.0, 1.0, 1.0, 0.5]][:n])
     cfg = _trainer_cfg(coder_reward=mode, group_size=4, modules_per_round=1)
-    state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {}}
+    state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {},
+             "round": 0}
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
     stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
     adv = seen["adv"][0]
@@ -82,7 +83,8 @@ def test_trainer_coder_phase_logs_the_share_of_duplicate_kernels(monkeypatch):
         KernelResult(compiled=True, correct=True, error_kind="ok", speedup=1.0,
                      details={"duplicate_of": 0} if i in (1, 3) else {}) for i in range(len(completions))])
     cfg = _trainer_cfg(group_size=4, modules_per_round=1)
-    state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {}}
+    state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {},
+             "round": 0}
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
     stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
     assert stats["coder/duplicate_frac"] == 0.5
@@ -421,8 +423,8 @@ def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkey
             yield
     monkeypatch.setattr(kz, "run_kernels", fake_run_kernels)
     times = {}
-    batch, results = kz.generate_and_verify(FakeEvaluator(), pol, prompts, refs, cfg, times, "coder", "test")
-    assert results == [f"verdict {r}" for r in refs]
+    batch, results, texts = kz.generate_and_verify(FakeEvaluator(), pol, prompts, refs, cfg, times, "coder", "test")
+    assert results == [f"verdict {r}" for r in refs] and texts == batch["completions"]   # (one process: all rows)
     assert [c[0] for c in calls] == [refs[0:2], refs[2:4], refs[4:5]]
     assert [t for c in calls for t in c[1]] == batch["completions"] and len(batch["completions"]) == 5
     assert len(turns) == 3 + 3   # three generate calls (2 + 2 + 1 prompts), three scoring micro-batches of 2
