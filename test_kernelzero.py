@@ -4,7 +4,8 @@ and skip without one.
     python -m pytest -q test_kernelzero.py            # everything; on the CPU the gpu tests skip (what CI runs)
     python -m pytest -q -m gpu test_kernelzero.py     # the GPU tests, on the GPU machine
     python -m pytest -q test_kernelzero.py -k tasks   # a subset by name (harness, cudabuild, tasks, solutions,
-                                                      # trainer, bench, named_model, newcomer, replication)
+                                                      # trainer, bench, named_model, newcomer, replication,
+                                                      # distributed)
 
 This file is the index: the suites live in tests/ (modules not named test_*.py, so pytest collects each test once,
 here) and are star-imported below, so that every test's node id is test_kernelzero.py::<name>. Without a CUDA GPU,
@@ -25,6 +26,8 @@ Suites, in this order:
   tests/harness_throughput.py  harness throughput: shared reference work, memory admission, workers booted ahead
   tests/newcomer.py            what a newcomer meets first: flag errors, console messages, plots, the harness CLI
   tests/replication.py         replication: held-out statistics, compare, greedy eval, the self-distilled corpus
+  tests/distributed.py         torchrun on the CPU (gloo): 2 ranks give the one-process round, resume on another
+                               world size, a dying rank ends the job; the one-rank NCCL run on a GPU
 Shared task sources, candidates, the pitfall table and helpers: tests/common.py.
 """
 import os

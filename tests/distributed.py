@@ -104,3 +104,24 @@ def test_distributed_a_rank_that_dies_ends_the_job_with_its_error(tmp_path):
     assert p.returncode != 0
     assert "rank 1 dies here" in p.stdout + p.stderr
     assert time.monotonic() - t0 < 200
+
+
+# ---- GPU (skipped without a GPU)
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_distributed_gpu_one_rank_torchrun_matches_the_plain_run(tmp_path):
+    """The NCCL path: `torchrun --nproc_per_node 1` on one GPU (a process group, FSDP2 on a one-rank mesh, this
+    rank's own harness GPU) gives the plain run's round (bf16 autocast: a looser tolerance than the CPU's)."""
+    plain, one = str(tmp_path / "plain"), str(tmp_path / "torchrun")
+    for ranks, run_dir in ((0, plain), (1, one)):
+        p = _kz_run(tmp_path, ranks, ["--run-dir", run_dir, "--rounds", "1", "--device", "cuda"])
+        assert p.returncode == 0, p.stderr[-3000:]
+    a, b = _rows(plain)[0], _rows(one)[0]
+    for k in ("coder/reward_mean", "coder/pass_rate", "proposer/reward_mean", "pool_size"):
+        assert a[k] == b[k], (k, a[k], b[k])
+    assert a["coder/errors"] == b["coder/errors"]
+    assert abs(a["coder/loss"] - b["coder/loss"]) <= 1e-3 * max(1.0, abs(a["coder/loss"])), (a["coder/loss"], b["coder/loss"])
