@@ -312,7 +312,8 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
         policy.opt.zero_grad(set_to_none=True)
         total = 0.0
         for sl in microbatches(len(mine), cfg.micro_batch):
-            ids, mask, labels = sft_collate(policy.tok, mine[sl or slice(0, 1)] or batch[:1], cfg, device)
+            rows = mine[sl] if sl else batch[:1]   # (None: a weightless row, see microbatches)
+            ids, mask, labels = sft_collate(policy.tok, rows, cfg, device)
             with autocast(device):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
             # microbatches of (nearly) equal weight; FSDP2 averages gradients over ranks, hence the world factor

@@ -72,7 +72,7 @@ def _reduce(values, op):
 
 def all_sum(values):
     """[float] summed elementwise over ranks."""
-    return _reduce(values, dist.ReduceOp.SUM if dist.is_initialized() else None)
+    return _reduce(values, dist.ReduceOp.SUM)
 
 
 def microbatches(n, size):
@@ -80,7 +80,7 @@ def microbatches(n, size):
     FSDP2 gathers weights in every forward and reduces gradients in every backward, so every rank must run the same
     number of them (a None runs a row with weight 0). One process: the plain slices."""
     own = [slice(i, i + size) for i in range(0, n, size)]
-    most = int(_reduce([len(own)], dist.ReduceOp.MAX if dist.is_initialized() else None)[0])
+    most = int(_reduce([len(own)], dist.ReduceOp.MAX)[0])
     return own + [None] * (most - len(own))
 
 
