@@ -1020,7 +1020,9 @@ def plan(cfg, device):
     if cfg.sft:
         steps.append(f"SFT warm start of the Coder and the Proposer ({cfg.sft_steps} steps of {cfg.sft_batch} each, "
                      f"skipped when {cfg.sft_dir or 'runs/sft_*'} already holds it)")
-    steps.append(f"{cfg.rounds} round(s) of Proposer/Coder training on the {device.type.upper()}, {cfg.backend} kernels")
+    ranks = f" x {world()} ranks (torchrun)" if world() > 1 else ""
+    steps.append(f"{cfg.rounds} round(s) of Proposer/Coder training on the {device.type.upper()}{ranks}, "
+                 f"{cfg.backend} kernels")
     if cfg.eval_every:
         steps.append(f"a held-out eval every {cfg.eval_every} rounds")
     fallback = device.type == "cpu" and all(getattr(cfg, k) == v for k, v in CPU_FALLBACK.items())

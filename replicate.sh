@@ -7,11 +7,14 @@
 #   1. The starting point is chosen by measurement: the base model, SFT on our templated corpus, and SFT on a
 #      self-distilled corpus (the base model's own harness-verified answers on synthetic modules; STaR/RFT); the one
 #      with the highest held-out level-1 pass@1 wins (ties: the earlier, i.e. the simpler, one).
-#   2. The three runs share the GPU; the harness's machine-wide gate times every kernel alone.
+#   2. The three runs share the GPU; the harness's machine-wide gate times every kernel alone. With GPUS=N (N > 1)
+#      every training and eval stage runs under torchrun on N GPUs, and the three runs side by side on GPUs 0..N-1,
+#      N..2N-1 and 2N..3N-1 (a node with 3N GPUs).
 #
 # Run (every knob is an environment variable; stages whose results exist are skipped, so a cut run resumes):
 #   bash replicate.sh                                         # Qwen2.5-Coder-0.5B, 50 rounds, 8 samples per task
 #   MODEL=qwen-coder-1.5b OUT=runs/replication_1.5b bash replicate.sh
+#   GPUS=2 bash replicate.sh                                  # one 8-GPU node: each stage on 2 GPUs (torchrun)
 #   MODEL=tiny ROUNDS=2 SAMPLES=2 PAIRS=4 EXTRA="--preset tiny --device cpu --eval-max-tasks 2" bash replicate.sh
 #                                                             # (a smoke run on a CPU: a few minutes)
 set -euo pipefail
@@ -23,9 +26,19 @@ ROUNDS=${ROUNDS:-50}              # Coder updates per run (one per round)
 SAMPLES=${SAMPLES:-8}             # held-out kernels per task (pass@1 and pass@k for k <= SAMPLES)
 PAIRS=${PAIRS:-256}               # synthetic modules the base model answers for the self-distilled corpus
 EXTRA=${EXTRA:-}                  # more kernelzero.py flags for every stage (e.g. --lr 2e-6 --group-size 8)
+GPUS=${GPUS:-1}                   # GPUs per stage: above 1, torchrun on that many (README, "One GPU node: torchrun")
 common="--backend triton --coder-model $MODEL --proposer-model $MODEL --eval-levels 1,2 --eval-samples $SAMPLES $EXTRA"
 mkdir -p "$OUT"
 log() { echo "$(date +%T) $*" | tee -a "$OUT/stages.log"; }
+kz() {   # kz FIRST_GPU ARGS...: kernelzero.py ARGS, under torchrun on GPUS GPUs from FIRST_GPU when GPUS > 1
+  local first=$1; shift
+  if [ "$GPUS" -gt 1 ]; then
+    CUDA_VISIBLE_DEVICES=$(seq -s, "$first" $((first + GPUS - 1))) \
+      python -m torch.distributed.run --standalone --nproc_per_node "$GPUS" kernelzero.py "$@"
+  else
+    python kernelzero.py "$@"
+  fi
+}
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Starting points: each is a run of 0 rounds whose "round -1" eval is its held-out score
@@ -35,14 +48,14 @@ start() {   # start NAME FLAGS...: the held-out eval of one starting point (its 
   if [ ! -f "$OUT/start_$name/eval_round-1.json" ]; then
     log "start $name"
     rm -rf "$OUT/start_$name"
-    python kernelzero.py --rounds 0 --eval-first $common "$@" --run-dir "$OUT/start_$name" > "$OUT/start_$name.log" 2>&1
+    kz 0 --rounds 0 --eval-first $common "$@" --run-dir "$OUT/start_$name" > "$OUT/start_$name.log" 2>&1
   fi
 }
 start base --no-sft
 start templates --sft --sft-data kernelbench_tasks/sft_data/triton_2000.jsonl.gz --sft-dir "$OUT/sft_templates"
 if [ ! -f "$OUT/distill/pairs.jsonl" ]; then
   log "distill"
-  python kernelzero.py distill $common --sft-pairs "$PAIRS" --samples 8 --run-dir "$OUT/distill" > "$OUT/distill.log" 2>&1
+  kz 0 distill $common --sft-pairs "$PAIRS" --samples 8 --run-dir "$OUT/distill" > "$OUT/distill.log" 2>&1
 fi
 if [ -s "$OUT/distill/pairs.jsonl" ]; then
   start self --sft --sft-data "$OUT/distill/pairs.jsonl" --sft-dir "$OUT/sft_self"
@@ -74,15 +87,15 @@ esac
 # ---------------------------------------------------------------------------------------------------------------
 # 2. The method and its two ablations, side by side, from the chosen start; resumable (--resume)
 
-run() {   # run NAME FLAGS...
-  local name=$1; shift
+run() {   # run NAME FIRST_GPU FLAGS...
+  local name=$1 first=$2; shift 2
   local resume=""
   [ -e "$OUT/$name/latest" ] && resume="--resume"
-  python kernelzero.py --rounds "$ROUNDS" --eval-every "$ROUNDS" $common $from "$@" $resume \
+  kz "$first" --rounds "$ROUNDS" --eval-every "$ROUNDS" $common $from "$@" $resume \
     --run-dir "$OUT/$name" >> "$OUT/$name.log" 2>&1
 }
 log "runs: main, correctness, uniform ($ROUNDS rounds each)"
-run main & run correctness --coder-reward correctness & run uniform --proposer-mode uniform &
+run main 0 & run correctness "$GPUS" --coder-reward correctness & run uniform $((2 * GPUS)) --proposer-mode uniform &
 wait
 log "runs done"
 
