@@ -330,7 +330,7 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
 
 def save_pretrained_atomic(policy, path):
     """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0."""
-    weights = full_state(policy)[0] if world() > 1 else None   # (every rank helps gather FSDP2's shards)
+    weights = full_state(policy)[0] if dist.is_initialized() else None   # (FSDP2: every rank helps gather)
     if rank() == 0:
         tmp = path + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -106,6 +106,23 @@ def test_distributed_a_rank_that_dies_ends_the_job_with_its_error(tmp_path):
     assert time.monotonic() - t0 < 200
 
 
+def _one_rank_torchrun_and_plain(tmp_path, device):
+    """The same one-round run plainly and under `torchrun --nproc_per_node 1` (a process group, FSDP2 on a one-rank
+    mesh): (plain metrics row, torchrun metrics row), after checking that both saved a loadable Coder."""
+    plain, one = str(tmp_path / "plain"), str(tmp_path / "torchrun")
+    for ranks, run_dir in ((0, plain), (1, one)):
+        p = _kz_run(tmp_path, ranks, ["--run-dir", run_dir, "--rounds", "1", "--device", device])
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert os.path.exists(os.path.join(run_dir, "coder", "config.json"))   # the whole model, from the shards
+    return _rows(plain)[0], _rows(one)[0]
+
+
+def test_distributed_one_rank_torchrun_is_the_plain_run(tmp_path):
+    """torchrun with one rank on the CPU (gloo) runs the plain run's round, and saves the whole trained model."""
+    a, b = _one_rank_torchrun_and_plain(tmp_path, "cpu")
+    _same_round(a, b)
+
+
 # ---- GPU (skipped without a GPU)
 
 import pytest  # noqa: E402
@@ -116,11 +133,7 @@ import pytest  # noqa: E402
 def test_distributed_gpu_one_rank_torchrun_matches_the_plain_run(tmp_path):
     """The NCCL path: `torchrun --nproc_per_node 1` on one GPU (a process group, FSDP2 on a one-rank mesh, this
     rank's own harness GPU) gives the plain run's round (bf16 autocast: a looser tolerance than the CPU's)."""
-    plain, one = str(tmp_path / "plain"), str(tmp_path / "torchrun")
-    for ranks, run_dir in ((0, plain), (1, one)):
-        p = _kz_run(tmp_path, ranks, ["--run-dir", run_dir, "--rounds", "1", "--device", "cuda"])
-        assert p.returncode == 0, p.stderr[-3000:]
-    a, b = _rows(plain)[0], _rows(one)[0]
+    a, b = _one_rank_torchrun_and_plain(tmp_path, "cuda")
     for k in ("coder/reward_mean", "coder/pass_rate", "proposer/reward_mean", "pool_size"):
         assert a[k] == b[k], (k, a[k], b[k])
     assert a["coder/errors"] == b["coder/errors"]
