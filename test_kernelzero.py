@@ -26,8 +26,8 @@ Suites, in this order:
   tests/harness_throughput.py  harness throughput: shared reference work, memory admission, workers booted ahead
   tests/newcomer.py            what a newcomer meets first: flag errors, console messages, plots, the harness CLI
   tests/replication.py         replication: held-out statistics, compare, greedy eval, the self-distilled corpus
-  tests/distributed.py         torchrun on the CPU (gloo): 2 ranks and 1 rank give the one-process round, resume on another
-                               world size, a dying rank ends the job; the one-rank NCCL run on a GPU
+  tests/distributed.py         torchrun on the CPU (gloo): 2 ranks and 1 rank give the one-process round, resume
+                               on another world size, a dying rank ends the job; the one-rank NCCL run on a GPU
 Shared task sources, candidates, the pitfall table and helpers: tests/common.py.
 """
 import os
