@@ -12,8 +12,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # runs kernelzero.py's command line with the harness's verdicts faked; KZ_TEST_DIE_RANK=R: rank R raises in its
-# Coder phase
-_DRIVER = '''import os, sys, zlib
+# Coder phase; KZ_TEST_HANG_RANK=R: rank R hangs there
+_DRIVER = '''import os, sys, time, zlib
 sys.path.insert(0, {repo!r})
 import torch.distributed as dist
 import kernelzero as kz
@@ -28,6 +28,8 @@ real_coder_phase = kz.coder_phase
 def coder_phase(*args, **kwargs):
     if os.environ.get("KZ_TEST_DIE_RANK") == str(kz.rank()):
         raise RuntimeError(f"rank {{kz.rank()}} dies here")
+    if os.environ.get("KZ_TEST_HANG_RANK") == str(kz.rank()):
+        time.sleep(3600)
     return real_coder_phase(*args, **kwargs)
 kz.coder_phase = coder_phase
 kz.cli(sys.argv[1:])
@@ -103,6 +105,17 @@ def test_distributed_a_rank_that_dies_ends_the_job_with_its_error(tmp_path):
                 env={"KZ_TEST_DIE_RANK": "1"}, timeout=280)
     assert p.returncode != 0
     assert "rank 1 dies here" in p.stdout + p.stderr
+    assert time.monotonic() - t0 < 200
+
+
+def test_distributed_a_rank_that_hangs_ends_the_job_at_the_collective_timeout(tmp_path):
+    """Rank 1 hangs in its Coder phase: rank 0's next collective times out after --dist-timeout-s, and the job ends
+    with an error instead of waiting forever."""
+    t0 = time.monotonic()
+    p = _kz_run(tmp_path, 2, ["--run-dir", str(tmp_path / "run"), "--rounds", "1", "--dist-timeout-s", "15"],
+                env={"KZ_TEST_HANG_RANK": "1"}, timeout=280)
+    assert p.returncode != 0
+    assert "Timed out waiting 15000ms" in p.stdout + p.stderr   # (gloo's message: the 15 s given)
     assert time.monotonic() - t0 < 200
 
 
