@@ -1308,7 +1308,8 @@ CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", 
 # (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
 ABOVE_0, BELOW_1 = 1e-12, 1 - 1e-12
 
-RANGES = {"rounds": (0, None), "max_new_tokens": (1, None), "max_prompt_tokens": (1, None), "prompt_bucket": (1, None),
+RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_tokens": (1, None),
+          "max_prompt_tokens": (1, None), "prompt_bucket": (1, None),
           "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
           "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
           "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
