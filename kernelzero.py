@@ -71,8 +71,8 @@ from tqdm import tqdm
 from eval_harness import Evaluator, KernelResult, extract_code, lint_rule
 from kernelbench_tasks import catalog, held_out_hashes, synth
 from models import ATTENTIONS, model_problem
-from sampling import (all_sum, autocast, chat, focus, gather_rows, make_policy, microbatches, my_rows, rank,
-                      refresh_sampler, rollout, sequence_logprobs, world)
+from sampling import (all_max, all_sum, autocast, barrier, chat, focus, gather_rows, make_policy, microbatches, my_rows,
+                      rank, refresh_sampler, rollout, sequence_logprobs, world)
 from report import UsageError, bootstrap_ci, compare_evals, fast_p, geomean_speedup, pass_at_k, plot_runs
 
 
@@ -349,11 +349,6 @@ def full_state(policy):
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return (get_model_state_dict(policy.model, options=whole),
             get_optimizer_state_dict(policy.model, policy.opt, options=whole))
-
-
-def barrier():
-    if world() > 1:
-        dist.barrier()
 
 
 def write_jsonl(path, rows):
@@ -656,7 +651,7 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
     keys = sorted(k for k in totals if k != "grad_norm")
     for k, v in zip(keys, all_sum([totals[k] for k in keys])):   # every rank's sums: the whole batch's stats
         totals[k] = v
-    ratio_max = max(gather_rows([ratio_max]))
+    ratio_max = all_max(ratio_max)
     out = {k: v / max(totals["tokens"], 1.0) for k, v in totals.items() if k not in ("tokens", "loss", "grad_norm")}
     out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max)
     return out

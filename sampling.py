@@ -75,12 +75,22 @@ def all_sum(values):
     return _reduce(values, dist.ReduceOp.SUM)
 
 
+def all_max(value):
+    """The largest of every rank's float."""
+    return _reduce([value], dist.ReduceOp.MAX)[0]
+
+
+def barrier():
+    if world() > 1:
+        dist.barrier()
+
+
 def microbatches(n, size):
     """Slices of `size` rows covering n rows, then None until this rank has as many as the rank with the most:
     FSDP2 gathers weights in every forward and reduces gradients in every backward, so every rank must run the same
     number of them (a None runs a row with weight 0). One process: the plain slices."""
     own = [slice(i, i + size) for i in range(0, n, size)]
-    most = int(_reduce([len(own)], dist.ReduceOp.MAX)[0])
+    most = int(all_max(len(own)))
     return own + [None] * (most - len(own))
 
 
@@ -95,7 +105,7 @@ class Policy:
     model: torch.nn.Module  # trained weights (fp32)
     tok: object  # its tokenizer (left padding)
     opt: torch.optim.Optimizer  # AdamW over model's parameters
-    sampler: torch.nn.Module  # what generates: a bf16 copy on a GPU, the model itself on a CPU
+    sampler: torch.nn.Module  # generates: a bf16 copy on a GPU, the model itself on a CPU (a copy under torchrun)
     ref: torch.nn.Module | None  # frozen initial weights for the k3 KL penalty, only when kl_coef > 0
 
 
