@@ -53,6 +53,7 @@ import difflib
 import glob
 import gzip
 import json
+import math
 import os
 import random
 import re
@@ -605,7 +606,8 @@ def select(batch, keep):
 
 def policy_update(policy, batch, advantages, cfg, lr=None):
     """One CA-GRPO update on a generation batch (from `rollout`): microbatches accumulate (microbatch_weight) into
-    one AdamW step per epoch. Returns averaged stats (loss, clip fractions, k3 KL, ratio) and the pre-clip grad norm.
+    one AdamW step per epoch. Returns averaged stats (loss, clip fractions, k3 KL, ratio), the pre-clip grad norm and
+    skipped_steps (epochs whose gradient was not finite: no step was taken).
     Under torchrun `batch` is this rank's rows (none at all is allowed): the normaliser is counted over every rank's
     rows, FSDP2 averages the gradients over ranks (hence the world factor), so the step is the one-process step."""
     model, device = policy.model, next(policy.model.parameters()).device
@@ -617,7 +619,7 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
     # this rank's share of the whole batch's normaliser (tokens for token-mean, sequences otherwise)
     mine = float(mask_all.sum()) if cfg.loss_agg == "token-mean" else float((mask_all.sum(1) > 0).sum())
     rank_share = world() * mine / max(all_sum([mine])[0], 1.0)
-    totals, ratio_max = Counter(), 0.0
+    totals, ratio_max, skipped = Counter(), 0.0, 0
     model.train()
     for epoch in range(cfg.ppo_epochs):
         policy.opt.zero_grad(set_to_none=True)
@@ -644,8 +646,15 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
                     totals[k] += v * float(mask.sum()) if k != "tokens" else v
                 totals["loss"] += float(loss.detach()) * float(share) / world()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        policy.opt.step()
-        totals["grad_norm"] += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # (all ranks')
+        totals["grad_norm"] += grad_norm
+        if math.isfinite(grad_norm):
+            policy.opt.step()
+        else:
+            # a NaN or inf gradient would reach every weight through the clip factor (max_norm / NaN) and AdamW's
+            # moments: skip this step and count it (verl's actor does the same); the run goes on
+            skipped += 1
+            say(f"warning: non-finite gradient norm ({grad_norm}); this optimizer step was skipped")
     model.eval()
     refresh_sampler(policy)
     keys = sorted(k for k in totals if k != "grad_norm")
@@ -653,7 +662,8 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
         totals[k] = v
     ratio_max = all_max(ratio_max)
     out = {k: v / max(totals["tokens"], 1.0) for k, v in totals.items() if k not in ("tokens", "loss", "grad_norm")}
-    out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max)
+    out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max,
+               skipped_steps=skipped)
     return out
 
 
@@ -973,7 +983,8 @@ def update_note(rec, role, cfg):
     if f"{role}/loss" not in rec:
         return f"{role}: skipped, all {groups} groups zero-std ({outcome})"
     used = groups - flat if cfg.filter_zero_std else groups
-    return f"{role}: updated on {used} of {groups} groups ({outcome})"
+    skipped = " (step skipped: non-finite gradient)" if rec.get(f"{role}/skipped_steps") else ""
+    return f"{role}: updated on {used} of {groups} groups ({outcome}){skipped}"
 
 
 def console_line(rec, cfg=None):

@@ -447,6 +447,24 @@ def test_trainer_update_microbatching_matches_one_batch():
     _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
 
 
+def test_trainer_update_skips_a_step_whose_gradient_is_not_finite(capsys):
+    """A NaN gradient must not reach the weights (clip_grad_norm_ would scale every gradient by max_norm / NaN): the
+    step is skipped and counted, and the next finite one trains as usual."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=6, prompt_bucket=8)
+    pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
+    b = kz.rollout(pol.model, pol.tok, ["ab", "cd"], cfg)
+    before = [p.detach().clone() for p in pol.model.parameters()]
+    stats = kz.policy_update(pol, b, torch.tensor([float("nan"), 1.0]), cfg)
+    assert stats["skipped_steps"] == 1 and not math.isfinite(stats["grad_norm"])
+    assert all(torch.equal(p, q) for p, q in zip(pol.model.parameters(), before))
+    assert not pol.opt.state   # AdamW's moments never saw the NaN either
+    assert "non-finite gradient norm" in capsys.readouterr().out
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0]), cfg)
+    assert stats["skipped_steps"] == 0 and math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+    assert any(not torch.equal(p, q) for p, q in zip(pol.model.parameters(), before))
+
+
 def test_trainer_update_with_chunked_logprobs_matches_unchunked():
     """cfg.logprob_chunk reaches rollout's old log-probs, the update and the KL reference: same numbers as unchunked."""
     torch.manual_seed(0)
@@ -718,7 +736,8 @@ def test_trainer_gpu_static_cache_rollout_and_update():
     assert b["old_logprobs"].shape == (8, 64) and torch.isfinite(b["old_logprobs"]).all()
     assert b["completion_mask"].sum() > 0 and all(isinstance(c, str) for c in b["completions"])
     stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0] * 4), cfg)
-    assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
+    assert math.isfinite(stats["loss"]), stats
+    assert stats["grad_norm"] > 0 and stats["skipped_steps"] == 0, stats
     for p_s, p in zip(pol.sampler.parameters(), pol.model.parameters()):
         assert torch.equal(p_s, p.detach().to(torch.bfloat16))
     b2 = kz.rollout(pol.model, pol.tok, prompts, cfg, pol.sampler)
