@@ -1015,7 +1015,6 @@ def forced_generate(model, **extra):
 def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
     """Plain sampler.generate (dynamic cache, nothing compiled) with the rollout's sampling settings. A 1-token call
     is the prefill; (steps-token call - 1-token call) / (steps - 1) is one decode step."""
-    import kernelzero as kz
     import sampling
     enc = encode(policy.tok, prompts, kcfg).to(device)
     kw = dict(input_ids=enc.input_ids, attention_mask=enc.attention_mask, do_sample=True, top_p=1.0, top_k=0,
@@ -1416,6 +1415,7 @@ def bench_models(cfg: Config) -> None:
     pass@1/pass@k, error kinds, fast_1 on the held-out levels at each temperature (0 = greedy, one sample), and the
     Proposer's validity. Each eval is also written as OUT/eval_{model}_t{T}_level{L}.json in the format of
     `kernelzero.py eval`, so that `kernelzero.py compare` reads it."""
+    import evaluation
     import kernelzero as kz
     import models
     from eval_harness import Evaluator
@@ -1438,7 +1438,7 @@ def bench_models(cfg: Config) -> None:
                 tcfg = dataclasses.replace(kcfg, temperature=t, samples=1 if t == 0 else cfg.models_samples)
                 for level in (int(x) for x in cfg.models_levels.split(",")):
                     torch.manual_seed(cfg.seed)
-                    res, wall_s, _ = clocked(device, kz.evaluate_coder, policy, tcfg, ev, level, tcfg.samples, "",
+                    res, wall_s, _ = clocked(device, evaluation.evaluate_coder, policy, tcfg, ev, level, tcfg.samples, "",
                                              cfg.models_max_tasks)
                     path = os.path.join(cfg.out, f"eval_{name}_t{t:g}_level{level}.json")
                     with open(path, "w") as f:

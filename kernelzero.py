@@ -22,13 +22,16 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
 7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
    a round (~70 s on one H200 with SmolLM2), and small rounds let the default 20 fit about half an hour there.
 
-Besides this file (the method: Config, prompts, SFT, verification, CA-GRPO, the phases and the loop, eval,
-self-distillation, the command line), three modules that do not import it:
-    sampling.py  the policies (trained fp32 weights, AdamW, a bf16 sampler) and `rollout`: sampling completions and
-                 the log-probs the loss takes
-    models.py    where the models come from (named offline models, the tiny test model, loading) and the sampler's
-                 GQA-aware attention (ATTENTIONS)
-    report.py    numbers from files: pass@k, fast_p, bootstrap intervals, and the `compare` and `plot` subcommands
+Besides this file (the method: Config, SFT, CA-GRPO, the update, the phases and the loop, the command line), five
+modules that do not import it, in the order the loop needs them:
+    models.py      where the models come from (named offline models, the tiny test model, loading) and the
+                   sampler's GQA-aware attention (ATTENTIONS)
+    sampling.py    ranks under torchrun, the policies (trained fp32 weights, AdamW, a bf16 sampler), the prompts,
+                   `rollout` (completions and the log-probs the loss takes) and `generate_and_verify` (the harness's
+                   verdicts on them)
+    runs.py        a run's files and console: atomic checkpoints that resume on any world size, metrics.jsonl
+    evaluation.py  the held-out eval (pass@k with intervals, fast_p) and self-distillation: `eval` and `distill`
+    report.py      numbers from files: pass@k, fast_p, bootstrap intervals, and the `compare` and `plot` subcommands
 
 Run:
     python kernelzero.py                                  # default: Qwen2.5-Coder-0.5B, SFT warm start, then the loop
@@ -45,36 +48,34 @@ Run:
 """
 
 import argparse
-import ast
-import concurrent.futures
-import contextlib
 import dataclasses
 import difflib
-import glob
 import gzip
 import json
 import math
 import os
 import random
 import re
-import shutil
 import sys
 import time
-import zlib
 from collections import Counter
-from datetime import timedelta
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from eval_harness import Evaluator, KernelResult, extract_code, lint_rule
+from eval_harness import extract_code, lint_rule
+from evaluation import held_out_eval, load_tasks, run_distill, run_eval
 from kernelbench_tasks import catalog, held_out_hashes, synth
 from models import ATTENTIONS, model_problem
-from sampling import (all_max, all_sum, autocast, barrier, chat, focus, gather_rows, make_policy, microbatches, my_rows,
-                      rank, refresh_sampler, rollout, sequence_logprobs, world)
-from report import UsageError, bootstrap_ci, compare_evals, fast_p, geomean_speedup, pass_at_k, plot_runs
+from report import UsageError, compare_evals, geomean_speedup, plot_runs
+from runs import (append_metrics, console_line, load_checkpoint, save_checkpoint, save_pretrained_atomic,
+                  write_jsonl)
+from sampling import (all_max, all_sum, autocast, barrier, chat, coder_prompt, focus, gather_rows,
+                      generate_and_verify, harness_device_for, harness_seconds, kernel_scores, make_policy,
+                      microbatches, my_rows, open_evaluator, phase_seed, proposer_prompt, rank, refresh_sampler, rollout,
+                      say, sequence_logprobs, setup_ranks, timed, world)
 
 
 # -----------------------------------------------------------------------------
@@ -201,73 +202,7 @@ CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu
 
 
 # -----------------------------------------------------------------------------
-# Prompts
-
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-BACKEND_RULES = {
-    "triton": ("Write Triton kernels (`import triton`, `import triton.language as tl`, `@triton.jit`) and launch them "
-               "from ModelNew.forward. fp32 `tl.dot` must pass `input_precision=\"ieee\"` (TF32 misses the 1e-4 "
-               "tolerance)."),
-    "cuda": ("Write CUDA kernels as strings compiled with `torch.utils.cpp_extension.load_inline` and call them from "
-             "ModelNew.forward."),
-}
-
-
-def read_one_shot(backend):
-    """(reference, solution) sources of the one-shot example in cuda_ext/, or None when the files are missing."""
-    paths = [os.path.join(HERE, "cuda_ext", f"example_{n}.py") for n in ("ref", backend)]
-    if not all(os.path.exists(p) for p in paths):
-        return None
-    sources = []
-    for p in paths:  # without the file's docstring, which talks about the prompt rather than the kernel
-        src = open(p).read()
-        tree = ast.parse(src)
-        if ast.get_docstring(tree):
-            src = "\n".join(src.splitlines()[tree.body[0].end_lineno:])
-        sources.append(src)
-    return tuple(sources)
-
-
-def coder_prompt(module_src, backend, one_shot=True):
-    """KernelBench-style prompt: an optional one-shot example, the rules, then the module to optimise."""
-    parts = [f"You write fast, correct {backend.upper()} kernels for PyTorch modules. Replace the computation of the "
-             f"given Model with your own {backend} kernels in a new module named ModelNew (same constructor arguments "
-             f"and forward signature, same outputs)."]
-    example = read_one_shot(backend) if one_shot else None
-    if example:
-        parts.append(f"Example. Given this module:\n```python\n{example[0].strip()}\n```\n"
-                     f"a good answer is:\n```python\n{example[1].strip()}\n```")
-    parts.append("Rules: answer with exactly one ```python block that defines ModelNew; compute the whole forward pass "
-                 "in your own kernels (no PyTorch fallback for the computation); keep outputs within 1e-4 of the "
-                 "reference in fp32. " + BACKEND_RULES[backend])
-    parts.append(f"Now write ModelNew for this module:\n```python\n{module_src.strip()}\n```")
-    return "\n\n".join(parts)
-
-
-def proposer_prompt(api_text):
-    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set)."""
-    return ("Write a PyTorch module that a GPU kernel engineer will be asked to optimise. It must use every one of "
-            f"these operations:\n{api_text}\n\n"
-            "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
-            "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
-            "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "
-            "returning the constructor arguments.\n"
-            "Quality rules: deterministic in eval mode; the output must not be zero, constant, the input or its mean; "
-            "at most 512 MB of inputs; about 2-16M elements for elementwise work, 1024-2048 for matmul sides; "
-            "fp32 unless an operation needs integers.\n"
-            "Answer with exactly one ```python block.")
-
-
-# -----------------------------------------------------------------------------
 # SFT warm start
-
-
-def say(*args, **kwargs):
-    """print on rank 0 only: one console, however many ranks."""
-    if rank() == 0:
-        print(*args, **kwargs)
 
 
 def slug(name):
@@ -329,38 +264,6 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
     return losses
 
 
-def save_pretrained_atomic(policy, path):
-    """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0."""
-    weights = full_state(policy)[0] if dist.is_initialized() else None   # (FSDP2: every rank helps gather)
-    if rank() == 0:
-        tmp = path + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp, state_dict=weights)
-        policy.tok.save_pretrained(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    barrier()
-
-
-def full_state(policy):
-    """(model, AdamW) state dicts, whole, on the CPU, keyed by parameter name (torch.distributed.checkpoint's
-    state_dict API): the same files from any number of ranks, so a run resumes on any world size. Under torchrun
-    rank 0 gets them (the others an empty dict)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return (get_model_state_dict(policy.model, options=whole),
-            get_optimizer_state_dict(policy.model, policy.opt, options=whole))
-
-
-def write_jsonl(path, rows):
-    """One JSON object per line, to path (gzip-compressed when it ends in .gz), atomically."""
-    if os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with (gzip.open if path.endswith(".gz") else open)(path + ".tmp", "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(path + ".tmp", path)
-
-
 def sft_warm_start(cfg, device, harness_device):
     """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet."""
     out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}")
@@ -393,75 +296,6 @@ def sft_warm_start(cfg, device, harness_device):
         del policy
     say(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
-
-
-# -----------------------------------------------------------------------------
-# Verification
-
-
-def run_kernels(ev, refs, completions):
-    """Harness results in order; an answer without a ```python block is a `format` failure without a harness call."""
-    codes = [extract_code(c) for c in completions]
-    done = iter(ev.map([(r, c) for r, c in zip(refs, codes) if c is not None]) if any(codes) else [])
-    return [next(done) if c is not None else
-            KernelResult(compiled=False, correct=False, error_kind="format", error="no ```python block in the answer")
-            for c in codes]
-
-
-@contextlib.contextmanager
-def timed(times, key):
-    """`with timed(times, "coder_gen"):` adds the block's wall time in seconds to times["coder_gen"]."""
-    t0 = time.perf_counter()
-    yield
-    times[key] = times.get(key, 0.0) + time.perf_counter() - t0
-
-
-def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None):
-    """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
-    while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
-    GPU itself is never shared with candidates: rollout holds it alone (Evaluator.holding_gpus), so no candidate is
-    timed against the trainer's kernels or can exhaust the memory the trainer is using; they check and time between
-    generate calls and after the last one. Under torchrun each rank generates and verifies its share of the prompts
-    (my_rows) on its own GPU; seed: see rollout.
-    Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
-    Returns (batch, results, completions): batch holds this rank's rows, results and completions every rank's, in
-    prompt order."""
-    rows = my_rows(len(prompts))
-    mine = refs[rows]
-    pending = []
-    with concurrent.futures.ThreadPoolExecutor(1) as harness:
-        def verify(start, texts):
-            pending.append(harness.submit(run_kernels, ev, mine[start:start + len(texts)], texts))
-        with timed(times, key + "_gen"):
-            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify,
-                            rows, seed)
-        with timed(times, key + "_eval"):
-            results = gather_rows(r for job in pending for r in job.result())
-    return batch, results, gather_rows(batch["completions"])
-
-
-def phase_seed(cfg, round_, phase):
-    """The seed of one phase's sampling (rollout adds each generate call's first prompt index): a function of the
-    run's seed, the round and the phase, so that a resumed run and a run on more ranks draw the same samples."""
-    return zlib.crc32(f"{cfg.seed}/{round_}/{phase}".encode())
-
-
-def harness_seconds(results):
-    """Per-candidate harness seconds summed over a batch, by phase (startup = waiting for a started worker,
-    reference, compile, run) plus gpu_wait (waiting for a GPU turn). Candidates overlap, so the sum exceeds the wall
-    time; it says what a batch's verification spends its worker slots on."""
-    total = Counter()
-    for r in results:
-        total.update(r.details.get("phase_s") or {})
-        total["gpu_wait"] += r.details.get("gpu_wait_s") or 0.0
-    return {k: round(v, 2) for k, v in total.items()} if any(total.values()) else {}
-
-
-def kernel_scores(results):
-    """(correct (N,), speedup (N,)) tensors from KernelResults; a missing speedup (CPU: no timing) is NaN."""
-    correct = torch.tensor([float(r.correct) for r in results])
-    speedup = torch.tensor([r.speedup if r.speedup is not None else float("nan") for r in results], dtype=torch.float)
-    return correct, speedup
 
 
 # -----------------------------------------------------------------------------
@@ -878,144 +712,6 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
 # The alternating loop
 
 
-def save_checkpoint(run_dir, coder, proposer, state):
-    """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones. The
-    state dicts are whole (full_state) and rank 0 writes them: a run resumes on any number of ranks."""
-    name = f"ckpt_{state['round']:05d}"
-    weights = {role: full_state(pol) for role, pol in (("coder", coder), ("proposer", proposer))}   # (all ranks)
-    if rank() == 0:
-        tmp, final = os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        for role, (model, opt) in weights.items():
-            torch.save({"model": model, "opt": opt}, os.path.join(tmp, f"{role}.pt"))
-        # the python RNG draws API sets and pool modules (the same on every rank); sampling has its own seeds
-        saved = {k: v for k, v in state.items() if k != "rng"}
-        torch.save({**saved, "rng_state": state["rng"].getstate()}, os.path.join(tmp, "state.pt"))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        with open(os.path.join(run_dir, "latest.tmp"), "w") as f:
-            f.write(name)
-        os.replace(os.path.join(run_dir, "latest.tmp"), os.path.join(run_dir, "latest"))  # the commit point
-        for old in glob.glob(os.path.join(run_dir, "ckpt_*")):
-            if os.path.basename(old) != name:
-                shutil.rmtree(old, ignore_errors=True)
-    barrier()
-
-
-def load_checkpoint(run_dir, coder, proposer):
-    """The latest checkpoint into both policies (each rank reads the whole file and keeps its shard); the loop's
-    state."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-    whole = StateDictOptions(full_state_dict=True)
-    with open(os.path.join(run_dir, "latest")) as f:
-        path = os.path.join(run_dir, f.read().strip())
-    for role, pol in (("coder", coder), ("proposer", proposer)):
-        ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location="cpu")
-        set_model_state_dict(pol.model, ckpt["model"], options=whole)
-        set_optimizer_state_dict(pol.model, pol.opt, ckpt["opt"], options=whole)
-        refresh_sampler(pol)
-    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file: python RNG state, pool
-    state["rng"] = random.Random()
-    state["rng"].setstate(state.pop("rng_state"))
-    return state
-
-
-def resolve_device(cfg):
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda but no GPU is visible; use --device cpu (and --backend triton)")
-    return torch.device(cfg.device)
-
-
-def setup_ranks(cfg):
-    """This process's device. Under torchrun (it sets LOCAL_RANK, RANK, WORLD_SIZE): one GPU per rank and NCCL, or
-    gloo for ranks on the CPU (the tests); a collective waits at most cfg.dist_timeout_s, so a rank that died or
-    hangs ends the job with an error instead of a hang. Without torchrun: resolve_device, no process group."""
-    device = resolve_device(cfg)
-    if "LOCAL_RANK" not in os.environ or dist.is_initialized():
-        return device
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=timedelta(seconds=cfg.dist_timeout_s))
-    return device
-
-
-def open_evaluator(cfg, harness_device, device, **opts):
-    """The harness for this process: every GPU without torchrun, this rank's own GPU under it (timing stays fair per
-    GPU), and the CPU cores shared out between the ranks."""
-    workers = cfg.eval_workers or (None if world() == 1 else max(1, len(os.sched_getaffinity(0)) // world()))
-    gpus = [device.index] if device.index is not None else None
-    return Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=workers, gpus=gpus, **opts)
-
-
-def harness_device_for(cfg, device):
-    if cfg.backend == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("the CUDA backend needs a GPU: pass --backend triton to run Triton kernels under the interpreter")
-    return "cuda" if torch.cuda.is_available() and device.type == "cuda" else "cpu"
-
-
-def _counts(counter):
-    return ", ".join(f"{n} {k}" for k, n in sorted(counter.items(), key=lambda kv: -kv[1]))
-
-
-def update_note(rec, role, cfg):
-    """What one phase's update did, in a few words: on how many GRPO groups, or why it trained nothing, with what the
-    samples scored ("coder: skipped, all 2 groups zero-std (0/8 correct; 8 format)")."""
-    if role == "coder":
-        errors = rec.get("coder/errors") or {}
-        n, size = sum(errors.values()), cfg.group_size
-        if not n:
-            return "coder: skipped, the pool is empty"
-        outcome = f"{errors.get('ok', 0)}/{n} correct" + (f"; {_counts({k: v for k, v in errors.items() if k != 'ok'})}"
-                                                          if n > errors.get("ok", 0) else "")
-    else:
-        n, size = cfg.api_sets_per_round * cfg.group_size_proposer, cfg.group_size_proposer
-        valid = round(rec.get("proposer/valid_frac", 0.0) * n)
-        outcome = f"{valid}/{n} valid" + (f"; {_counts(rec.get('proposer/invalid') or {})}" if valid < n else "")
-        if rec.get("proposer/unique_valid"):
-            outcome += f"; probe pass rate {rec['proposer/p_mean']:.2f}"
-    groups = n // size
-    flat = round(rec.get(f"{role}/frac_reward_zero_std", 0.0) * groups)
-    if f"{role}/loss" not in rec:
-        return f"{role}: skipped, all {groups} groups zero-std ({outcome})"
-    used = groups - flat if cfg.filter_zero_std else groups
-    skipped = " (step skipped: non-finite gradient)" if rec.get(f"{role}/skipped_steps") else ""
-    return f"{role}: updated on {used} of {groups} groups ({outcome}){skipped}"
-
-
-def console_line(rec, cfg=None):
-    """The round's line; with cfg, a line per phase saying what its update did or why it trained nothing."""
-    def f(key, fmt):
-        v = rec.get(key)
-        return format(v, fmt) if isinstance(v, (int, float)) else "-"
-    kl = f" kl {f('coder/kl', '.4f')}" if cfg is None or cfg.kl_coef > 0 else ""   # 0 by configuration otherwise
-    speed = f" speedup {f('coder/speedup', '.2f')}" if "coder/speedup" in rec and rec["coder/speedup"] is not None \
-        or cfg is None or cfg.device != "cpu" else ""   # the CPU interpreter does not time kernels
-    gpu = f" gpu {f('gpu_peak_gb', '.1f')}GB" if "gpu_peak_gb" in rec else ""
-    line = (f"round {rec['round']:3d} | proposer valid {f('proposer/valid_frac', '.2f')} p {f('proposer/p_mean', '.2f')}"
-            f" reward {f('proposer/reward_mean', '+.2f')} +{rec.get('proposer/added', 0)} pool {rec['pool_size']}"
-            f" | coder pass {f('coder/pass_rate', '.3f')}{speed}"
-            f" reward {f('coder/reward_mean', '.3f')} zero-std {f('coder/frac_reward_zero_std', '.2f')}"
-            f" loss {f('coder/loss', '+.4f')}{kl} clip {f('coder/clip_frac', '.3f')}"
-            f" | {f('time/round', '.0f')}s{gpu}")
-    if cfg is not None:
-        line += "".join("\n  " + update_note(rec, role, cfg) for role in ("proposer", "coder"))
-    return line
-
-
-def append_metrics(metrics_path, state, rec):
-    """One JSON line per record (rank 0 writes); state["metrics_lines"] counts them so that a resume drops lines
-    written after the checkpoint it restarts from."""
-    if rank() == 0:
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-    state["metrics_lines"] += 1
-
-
 # Wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
 CPU_DEFAULT_MINUTES = 9
 
@@ -1117,173 +813,6 @@ def main(cfg):
           f"draws the curves; `python kernelzero.py eval --coder-model {cfg.run_dir}/coder --backend {cfg.backend}` "
           f"scores the Coder on held-out tasks.")
     return state
-
-
-# -----------------------------------------------------------------------------
-# Eval
-
-
-FAST_PS = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
-
-
-def load_tasks(level, kernelbench_dir="", max_tasks=0):
-    """[(name, source)] of a level: kernelbench_tasks/levelN, or DIR/KernelBench/levelN / DIR/levelN of a checkout."""
-    if kernelbench_dir:
-        cands = [os.path.join(kernelbench_dir, "KernelBench", f"level{level}"), os.path.join(kernelbench_dir, f"level{level}")]
-    else:
-        cands = [os.path.join(HERE, "kernelbench_tasks", f"level{level}")]
-    folder = next((c for c in cands if os.path.isdir(c)), None)
-    if folder is None:
-        raise SystemExit(f"no level{level} tasks found in {' or '.join(cands)}")
-    files = sorted(glob.glob(os.path.join(folder, "*.py")))
-    files = [f for f in files if not os.path.basename(f).startswith("_")][:max_tasks or None]
-    return [(os.path.basename(f)[:-3], open(f).read()) for f in files]
-
-
-ANSWER_CHARS = 4000   # of each answer kept in an eval's JSON (a level's 8 samples per task: ~2 MB)
-
-
-def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0, seed=None):
-    """pass@k (with a bootstrap interval for pass@1), fast_p and the geometric-mean speedup of the Coder on one level.
-
-    fast_p counts every sample: with one sample per task it is KernelBench's fast_p, with n it is that number's
-    expectation over the n draws (every task has n samples, so each task weighs the same)."""
-    tasks = load_tasks(level, kernelbench_dir, max_tasks)
-    prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
-    refs = [src for _, src in tasks for _ in range(samples)]
-    _, results, answers = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}",
-                                              seed)
-    per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
-    n_correct = [sum(r.correct for r in rs) for rs in per_task]
-    out = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in n_correct) / len(tasks)
-           for k in (1, 5, 10, samples) if k <= samples}
-    out["pass@1_ci"] = list(bootstrap_ci([c / samples for c in n_correct])[1:])
-    correct, speedup = [r.correct for r in results], [r.speedup for r in results]
-    out.update({f"fast_{p:g}": fast_p(correct, speedup, p) for p in FAST_PS})
-    out["geomean_speedup"] = geomean_speedup(correct, speedup)
-    out["errors"] = dict(Counter(r.error_kind for r in results))
-    out["harness_s"] = harness_seconds(results)
-    # per task every sample's verdict (so that `compare` can compute intervals from the file alone), its answer
-    # (truncated: what the Coder actually writes; bench.py builds harness batches from the failing ones) and the first
-    # sample's error
-    out["tasks"] = {name: dict(n=samples, correct=c, sample_correct=[r.correct for r in rs],
-                               sample_speedup=[r.speedup for r in rs], sample_kind=[r.error_kind for r in rs],
-                               first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
-                               answers=[a[:ANSWER_CHARS] for a in answers[i * samples:(i + 1) * samples]])
-                    for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
-    return out
-
-
-def held_out_eval(coder, cfg, ev, round_):
-    """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
-    Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> samples, correct count, every
-    sample's verdict and speedup, the first one's error and answer; `compare` reads it), not to metrics.jsonl."""
-    out, tasks = {}, {}
-    for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
-        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks,
-                             seed=phase_seed(cfg, round_, f"eval level{level}"))
-        out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
-        tasks[f"level{level}"] = res["tasks"]
-    if rank() > 0:
-        return out
-    with open(os.path.join(cfg.run_dir, f"eval_round{round_}.json"), "w") as f:
-        json.dump({"round": round_, "samples": cfg.eval_samples, "model": cfg.coder_model,
-                   "temperature": cfg.temperature, **tasks}, f, indent=1)
-    return out
-
-
-def run_eval(cfg):
-    """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR (under
-    torchrun each rank generates and verifies its share)."""
-    device = setup_ranks(cfg)
-    harness_device = harness_device_for(cfg, device)
-    say("config: " + json.dumps(dataclasses.asdict(cfg)))
-    if cfg.temperature == 0 and cfg.samples > 1:
-        say(f"note: greedy decoding (--temperature 0) gives every sample the same answer: 1 sample per task, "
-              f"not {cfg.samples}")
-        cfg = dataclasses.replace(cfg, samples=1)
-    torch.manual_seed(cfg.seed)
-    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
-    with open_evaluator(cfg, harness_device, device) as ev:
-        res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks,
-                             phase_seed(cfg, -1, f"eval level{cfg.level}"))
-    if rank() > 0:
-        return res
-    if harness_device == "cpu":
-        print("note: the CPU has no timing: fast_p and the speedup need one, so they are 0 / null here")
-    summary = {k: v for k, v in res.items() if k != "tasks"}
-    print(json.dumps(summary, indent=1))
-    os.makedirs(cfg.run_dir, exist_ok=True)
-    path = os.path.join(cfg.run_dir, f"eval_level{cfg.level}_{cfg.backend}.json")
-    with open(path, "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), "model": cfg.coder_model, "temperature": cfg.temperature,
-                   **res}, f, indent=1)
-    print(f"wrote {path}")
-    return res
-
-
-# -----------------------------------------------------------------------------
-# Self-distillation (the distill subcommand)
-
-
-def self_distill(policy, cfg, ev, n_modules, samples, keep):
-    """(pairs, stats): an SFT corpus from the Coder's own verified answers, by rejection sampling (STaR, Zelikman et
-    al. 2022; RFT, Yuan et al. 2023: sample, keep what a checker accepts, fine-tune on it).
-
-    `samples` kernels per synthetic module (kernelbench_tasks.synth, which never draws a held-out level1/level2 task)
-    through the trainer's rollouts, verified by the harness; of each module's correct kernels the first `keep` distinct
-    ones (catalog.normalized_source_hash: comments, formatting and local names do not count) become pairs in the
-    templated corpus's format, marked "source": "self". `keep` bounds how much the easiest modules weigh.
-    """
-    # seed + 2: other modules than the templated corpus (drawn with seed) and the RL seed pool (seed + 1)
-    modules, _ = synth.generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
-    prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
-    refs = [m["module"] for m in modules for _ in range(samples)]
-    times = {}
-    _, results, answers = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill",
-                                              phase_seed(cfg, -1, "distill"))
-    pairs, kinds = [], Counter()
-    for i, module in enumerate(modules):
-        kept = set()
-        for j in range(i * samples, (i + 1) * samples):
-            if results[j].correct and len(kept) < keep:
-                code = extract_code(answers[j])
-                h = catalog.normalized_source_hash(code)
-                if h not in kept:
-                    kept.add(h)
-                    pairs.append({**module, "solution": code, "source": "self"})
-                    kinds[module["kind"]] += 1
-    stats = dict(model=cfg.coder_model, temperature=cfg.temperature, modules=len(modules), samples=samples,
-                 keep=keep, errors=dict(Counter(r.error_kind for r in results)), kept=len(pairs),
-                 modules_kept=len({p["seed"] for p in pairs}), kept_by_kind=dict(kinds),
-                 seconds={k: round(v, 1) for k, v in times.items()}, harness_s=harness_seconds(results))
-    return pairs, stats
-
-
-def run_distill(cfg):
-    """The distill subcommand: self_distill with --coder-model on --sft-pairs synthetic modules, --samples kernels
-    each, at most --distill-keep kept per module, written like `python -m kernelbench_tasks.synth --out RUN_DIR`:
-    RUN_DIR/pairs.jsonl and RUN_DIR/stats.json. `--sft-data RUN_DIR/pairs.jsonl` then warm-starts from it;
-    concatenate it with the templated corpus for a mix."""
-    if cfg.distill_keep < 1:
-        raise SystemExit(f"--distill-keep {cfg.distill_keep}: keep at least 1 kernel per module")
-    device = setup_ranks(cfg)
-    harness_device = harness_device_for(cfg, device)
-    say("config: " + json.dumps(dataclasses.asdict(cfg)))
-    torch.manual_seed(cfg.seed)
-    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
-    # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
-    with open_evaluator(cfg, harness_device, device, timing=False) as ev:
-        pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep)
-    if rank() > 0:
-        return pairs, stats
-    path = os.path.join(cfg.run_dir, "pairs.jsonl")
-    write_jsonl(path, pairs)
-    with open(os.path.join(cfg.run_dir, "stats.json"), "w") as f:
-        json.dump(stats, f, indent=1)
-    print(json.dumps(stats))
-    print(f"wrote {len(pairs)} verified pairs from {stats['modules_kept']} of {stats['modules']} modules to {path}")
-    return pairs, stats
 
 
 # -----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """
 Numbers from files, independent of the trainer: pass@k, fast_p, the geometric-mean speedup and bootstrap intervals
 over tasks; the `compare` table of eval files; the `plot` figure of training runs' metrics.jsonl. Nothing here loads
-a model or runs a kernel: kernelzero.py's evaluate_coder computes these numbers and writes the eval files, its loop
-writes metrics.jsonl, and its `compare` and `plot` subcommands read them back through this module.
+a model or runs a kernel: evaluation.py's evaluate_coder computes these numbers and writes the eval files,
+kernelzero.py's loop writes metrics.jsonl, and its `compare` and `plot` subcommands read them back through this
+module.
 
 How this departs from common practice:
 1. Intervals are percentile bootstraps over tasks (`bootstrap_ci`), and a difference between two evals resamples the
@@ -17,7 +18,7 @@ Use:
     python kernelzero.py compare BEFORE AFTER [MORE ...]   # eval files or dirs: pass@1 95% CIs, paired differences
     python kernelzero.py plot RUN_DIR [RUN_DIR ...]        # several: a method and its ablations on one figure
     from report import pass_at_k, bootstrap_ci             # pass_at_k(10, 3, 1) = 0.3
-This module must not import kernelzero (which imports it); matplotlib is imported only when plotting.
+This module imports none of the others (they import it); matplotlib is imported only when plotting.
 """
 
 import contextlib

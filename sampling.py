@@ -1,7 +1,9 @@
 """
-The policies KernelZero trains and how they sample: a Policy holds the trained model with its AdamW state and the
-copy that generates; `rollout` samples completions and scores them with the trained model, giving the log-probs that
-the CA-GRPO loss (kernelzero.py) takes.
+How KernelZero's models are asked, answer and get checked, in the order a phase runs: the ranks under torchrun and
+this process's device and harness; the policies (a Policy holds the trained model with its AdamW state and the copy
+that generates); the prompts; `rollout`, which samples completions and scores them with the trained model, giving the
+log-probs that the CA-GRPO loss (kernelzero.py) takes; and `generate_and_verify`, which sends each generate call's
+kernels to the harness while the next call generates.
 
 How this departs from a plain transformers + TRL setup:
 1. fp32 master weights train, a bf16 copy samples (on a GPU): small updates do not round away, and the sampler is
@@ -14,15 +16,23 @@ How this departs from a plain transformers + TRL setup:
    same values and gradients up to float rounding).
 4. Every generate call of a phase sees one shape (prompts padded to a bucket, completions to max_new_tokens, a short
    last batch padded), so the compiled decode step compiles once.
+5. Generation and verification overlap: CUDA builds, worker start-up and input generation hide behind the next
+   generate call, and candidates use the GPU only while this process does not (Evaluator.holding_gpus).
 
-kernelzero.py imports it; `python bench.py rollout` times `rollout` against plain `model.generate`, and `python
+kernelzero.py and evaluation.py import it; `python bench.py rollout` times `rollout` against plain `model.generate`, and `python
 bench.py train` the update built on `sequence_logprobs`. `cfg` below is a kernelzero.Config.
 """
 
+import ast
+import concurrent.futures
 import contextlib
 import copy
+import os
 import time
+import zlib
+from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,6 +40,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from tqdm import tqdm
 
+from eval_harness import Evaluator, KernelResult, extract_code
 from models import load_model, set_attention
 
 # -----------------------------------------------------------------------------
@@ -92,6 +103,49 @@ def microbatches(n, size):
     own = [slice(i, i + size) for i in range(0, n, size)]
     most = int(all_max(len(own)))
     return own + [None] * (most - len(own))
+
+
+def say(*args, **kwargs):
+    """print on rank 0 only: one console, however many ranks."""
+    if rank() == 0:
+        print(*args, **kwargs)
+
+
+def resolve_device(cfg):
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but no GPU is visible; use --device cpu (and --backend triton)")
+    return torch.device(cfg.device)
+
+
+def setup_ranks(cfg):
+    """This process's device. Under torchrun (it sets LOCAL_RANK, RANK, WORLD_SIZE): one GPU per rank and NCCL, or
+    gloo for ranks on the CPU (the tests); a collective waits at most cfg.dist_timeout_s, so a rank that died or
+    hangs ends the job with an error instead of a hang. Without torchrun: resolve_device, no process group."""
+    device = resolve_device(cfg)
+    if "LOCAL_RANK" not in os.environ or dist.is_initialized():
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=timedelta(seconds=cfg.dist_timeout_s))
+    return device
+
+
+def open_evaluator(cfg, harness_device, device, **opts):
+    """The harness for this process: every GPU without torchrun, this rank's own GPU under it (timing stays fair per
+    GPU), and the CPU cores shared out between the ranks."""
+    workers = cfg.eval_workers or (None if world() == 1 else max(1, len(os.sched_getaffinity(0)) // world()))
+    gpus = [device.index] if device.index is not None else None
+    return Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=workers, gpus=gpus, **opts)
+
+
+def harness_device_for(cfg, device):
+    if cfg.backend == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("the CUDA backend needs a GPU: pass --backend triton to run Triton kernels under the interpreter")
+    return "cuda" if torch.cuda.is_available() and device.type == "cuda" else "cpu"
 
 
 # -----------------------------------------------------------------------------
@@ -178,6 +232,67 @@ def autocast(device):
     # bf16 autocast for training forwards on a GPU; a no-op on the CPU (the tiny model runs in fp32)
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
+
+
+# -----------------------------------------------------------------------------
+# Prompts: what the Coder and the Proposer are asked
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+BACKEND_RULES = {
+    "triton": ("Write Triton kernels (`import triton`, `import triton.language as tl`, `@triton.jit`) and launch them "
+               "from ModelNew.forward. fp32 `tl.dot` must pass `input_precision=\"ieee\"` (TF32 misses the 1e-4 "
+               "tolerance)."),
+    "cuda": ("Write CUDA kernels as strings compiled with `torch.utils.cpp_extension.load_inline` and call them from "
+             "ModelNew.forward."),
+}
+
+
+def read_one_shot(backend):
+    """(reference, solution) sources of the one-shot example in cuda_ext/, or None when the files are missing."""
+    paths = [os.path.join(HERE, "cuda_ext", f"example_{n}.py") for n in ("ref", backend)]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    sources = []
+    for p in paths:  # without the file's docstring, which talks about the prompt rather than the kernel
+        src = open(p).read()
+        tree = ast.parse(src)
+        if ast.get_docstring(tree):
+            src = "\n".join(src.splitlines()[tree.body[0].end_lineno:])
+        sources.append(src)
+    return tuple(sources)
+
+
+def coder_prompt(module_src, backend, one_shot=True):
+    """KernelBench-style prompt: an optional one-shot example, the rules, then the module to optimise."""
+    parts = [f"You write fast, correct {backend.upper()} kernels for PyTorch modules. Replace the computation of the "
+             f"given Model with your own {backend} kernels in a new module named ModelNew (same constructor arguments "
+             f"and forward signature, same outputs)."]
+    example = read_one_shot(backend) if one_shot else None
+    if example:
+        parts.append(f"Example. Given this module:\n```python\n{example[0].strip()}\n```\n"
+                     f"a good answer is:\n```python\n{example[1].strip()}\n```")
+    parts.append("Rules: answer with exactly one ```python block that defines ModelNew; compute the whole forward pass "
+                 "in your own kernels (no PyTorch fallback for the computation); keep outputs within 1e-4 of the "
+                 "reference in fp32. " + BACKEND_RULES[backend])
+    parts.append(f"Now write ModelNew for this module:\n```python\n{module_src.strip()}\n```")
+    return "\n\n".join(parts)
+
+
+def proposer_prompt(api_text):
+    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set)."""
+    return ("Write a PyTorch module that a GPU kernel engineer will be asked to optimise. It must use every one of "
+            f"these operations:\n{api_text}\n\n"
+            "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
+            "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
+            "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "
+            "returning the constructor arguments.\n"
+            "Quality rules: deterministic in eval mode; the output must not be zero, constant, the input or its mean; "
+            "at most 512 MB of inputs; about 2-16M elements for elementwise work, 1024-2048 for matmul sides; "
+            "fp32 unless an operation needs integers.\n"
+            "Answer with exactly one ```python block.")
 
 
 # -----------------------------------------------------------------------------
@@ -372,3 +487,72 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
     return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
                 old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
                                                          tokens_per_s=new_tokens / max(gen_s, 1e-9)))
+
+
+# -----------------------------------------------------------------------------
+# Verification: the harness's verdicts on a phase's answers
+
+
+def run_kernels(ev, refs, completions):
+    """Harness results in order; an answer without a ```python block is a `format` failure without a harness call."""
+    codes = [extract_code(c) for c in completions]
+    done = iter(ev.map([(r, c) for r, c in zip(refs, codes) if c is not None]) if any(codes) else [])
+    return [next(done) if c is not None else
+            KernelResult(compiled=False, correct=False, error_kind="format", error="no ```python block in the answer")
+            for c in codes]
+
+
+@contextlib.contextmanager
+def timed(times, key):
+    """`with timed(times, "coder_gen"):` adds the block's wall time in seconds to times["coder_gen"]."""
+    t0 = time.perf_counter()
+    yield
+    times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+
+
+def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None):
+    """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
+    while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
+    GPU itself is never shared with candidates: rollout holds it alone (Evaluator.holding_gpus), so no candidate is
+    timed against the trainer's kernels or can exhaust the memory the trainer is using; they check and time between
+    generate calls and after the last one. Under torchrun each rank generates and verifies its share of the prompts
+    (my_rows) on its own GPU; seed: see rollout.
+    Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
+    Returns (batch, results, completions): batch holds this rank's rows, results and completions every rank's, in
+    prompt order."""
+    rows = my_rows(len(prompts))
+    mine = refs[rows]
+    pending = []
+    with concurrent.futures.ThreadPoolExecutor(1) as harness:
+        def verify(start, texts):
+            pending.append(harness.submit(run_kernels, ev, mine[start:start + len(texts)], texts))
+        with timed(times, key + "_gen"):
+            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify,
+                            rows, seed)
+        with timed(times, key + "_eval"):
+            results = gather_rows(r for job in pending for r in job.result())
+    return batch, results, gather_rows(batch["completions"])
+
+
+def phase_seed(cfg, round_, phase):
+    """The seed of one phase's sampling (rollout adds each generate call's first prompt index): a function of the
+    run's seed, the round and the phase, so that a resumed run and a run on more ranks draw the same samples."""
+    return zlib.crc32(f"{cfg.seed}/{round_}/{phase}".encode())
+
+
+def harness_seconds(results):
+    """Per-candidate harness seconds summed over a batch, by phase (startup = waiting for a started worker,
+    reference, compile, run) plus gpu_wait (waiting for a GPU turn). Candidates overlap, so the sum exceeds the wall
+    time; it says what a batch's verification spends its worker slots on."""
+    total = Counter()
+    for r in results:
+        total.update(r.details.get("phase_s") or {})
+        total["gpu_wait"] += r.details.get("gpu_wait_s") or 0.0
+    return {k: round(v, 2) for k, v in total.items()} if any(total.values()) else {}
+
+
+def kernel_scores(results):
+    """(correct (N,), speedup (N,)) tensors from KernelResults; a missing speedup (CPU: no timing) is NaN."""
+    correct = torch.tensor([float(r.correct) for r in results])
+    speedup = torch.tensor([r.speedup if r.speedup is not None else float("nan") for r in results], dtype=torch.float)
+    return correct, speedup

@@ -12,27 +12,26 @@ import pytest
 import torch
 
 import report
+import sampling
 
 
 def test_replication_bootstrap_ci_worked_numbers():
-    import kernelzero as kz
-    assert kz.bootstrap_ci([0, 1] * 20) == pytest.approx((0.5, 0.35, 0.65))
-    assert kz.bootstrap_ci([0.25] * 10) == (0.25, 0.25, 0.25)
+    assert report.bootstrap_ci([0, 1] * 20) == pytest.approx((0.5, 0.35, 0.65))
+    assert report.bootstrap_ci([0.25] * 10) == (0.25, 0.25, 0.25)
     spread = [i / 7 for i in range(7)]
-    assert kz.bootstrap_ci(spread, 50, seed=3) != kz.bootstrap_ci(spread, 50)   # the seed is used...
-    assert kz.bootstrap_ci(spread, seed=3) == kz.bootstrap_ci(spread, seed=3)   # ...and fixes the draws
-    mean, lo, hi = kz.bootstrap_ci([0, 1] * 20, alpha=0.5)   # a 50% interval is narrower than the 95% one
+    assert report.bootstrap_ci(spread, 50, seed=3) != report.bootstrap_ci(spread, 50)   # the seed is used...
+    assert report.bootstrap_ci(spread, seed=3) == report.bootstrap_ci(spread, seed=3)   # ...and fixes the draws
+    mean, lo, hi = report.bootstrap_ci([0, 1] * 20, alpha=0.5)   # a 50% interval is narrower than the 95% one
     assert mean == 0.5 and 0.35 < lo < 0.5 < hi < 0.65
     with pytest.raises(ValueError):
-        kz.bootstrap_ci([])
+        report.bootstrap_ci([])
 
 
 def test_replication_paired_bootstrap_diff_worked_numbers():
-    import kernelzero as kz
     before = [0, 0.25, 0.5, 0.75] * 10
     after = [b + 0.125 for b in before]
-    assert kz.bootstrap_ci(before) == pytest.approx((0.375, 0.2875, 0.4625))
-    assert kz.bootstrap_ci(after) == pytest.approx((0.5, 0.4125, 0.5875))   # overlaps the interval before
+    assert report.bootstrap_ci(before) == pytest.approx((0.375, 0.2875, 0.4625))
+    assert report.bootstrap_ci(after) == pytest.approx((0.5, 0.4125, 0.5875))   # overlaps the interval before
     assert report.paired_bootstrap_diff(before, after) == pytest.approx((0.125, 0.125, 0.125))   # pairing: exact
     assert report.paired_bootstrap_diff([0, 0, 0, 1] * 10, [0, 1, 0, 1] * 10) == pytest.approx((0.25, 0.125, 0.4))
     with pytest.raises(ValueError, match="same tasks"):
@@ -135,7 +134,7 @@ def test_replication_distill_keeps_distinct_verified_kernels(tmp_path, monkeypat
         return {"completions": completions}
 
     monkeypatch.setattr(synth, "generate_pairs", generate_pairs)
-    monkeypatch.setattr(kz, "rollout", rollout)
+    monkeypatch.setattr(sampling, "rollout", rollout)
     pairs, stats = kz.cli(["distill", "--preset", "tiny", "--device", "cpu", "--sft-pairs", "2", "--samples", "4",
                            "--distill-keep", "2", "--eval-workers", "2", "--run-dir", str(tmp_path / "self")])
     data = str(tmp_path / "self" / "pairs.jsonl")

@@ -47,8 +47,9 @@ def _phase_fakes(monkeypatch, results_fn):
     def update(policy, batch, adv, cfg, lr):
         seen["adv"].append(adv.clone())
         return {}
-    monkeypatch.setattr(kz, "rollout", rollout)
-    monkeypatch.setattr(kz, "run_kernels", run_kernels)
+    monkeypatch.setattr(kz, "rollout", rollout)   # (the Proposer's own rollout)
+    monkeypatch.setattr(sampling, "rollout", rollout)   # (generate_and_verify's: probes and the Coder)
+    monkeypatch.setattr(sampling, "run_kernels", run_kernels)
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
                         lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))],
@@ -79,7 +80,7 @@ def test_trainer_coder_phase_logs_the_share_of_duplicate_kernels(monkeypatch):
     """coder/duplicate_frac: the share of the group's kernels whose verdict the harness copied from an identical one."""
     from eval_harness import KernelResult
     seen = _phase_fakes(monkeypatch, lambda n: [(True, 1.0)] * n)
-    monkeypatch.setattr(kz, "run_kernels", lambda ev, refs, completions: [
+    monkeypatch.setattr(sampling, "run_kernels", lambda ev, refs, completions: [
         KernelResult(compiled=True, correct=True, error_kind="ok", speedup=1.0,
                      details={"duplicate_of": 0} if i in (1, 3) else {}) for i in range(len(completions))])
     cfg = _trainer_cfg(group_size=4, modules_per_round=1)
@@ -421,7 +422,7 @@ def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkey
             if len(turns) == 2:
                 assert first_chunk.wait(10), "the harness did not get the first chunk during generation"
             yield
-    monkeypatch.setattr(kz, "run_kernels", fake_run_kernels)
+    monkeypatch.setattr(sampling, "run_kernels", fake_run_kernels)
     times = {}
     batch, results, texts = kz.generate_and_verify(FakeEvaluator(), pol, prompts, refs, cfg, times, "coder", "test")
     assert results == [f"verdict {r}" for r in refs] and texts == batch["completions"]   # (one process: all rows)
@@ -605,7 +606,7 @@ def test_trainer_malformed_completions_and_reward_plumbing():
     ev = _TrainerFakeEvaluator()
     completions = ["```python\nx = 'good'\ngood\n```", "no code at all", "```python\nbad\n```", "```python\ntruncat",
                    "```python\nfast\n```", "```python\ngood\n```", "```python\ngood\n```", "\x00\xff garbage"]
-    results = kz.run_kernels(ev, ["REF"] * 8, completions)
+    results = sampling.run_kernels(ev, ["REF"] * 8, completions)
     assert [r.error_kind for r in results] == ["ok", "format", "mismatch", "format", "ok", "ok", "ok", "format"]
     assert len(ev.pairs) == 5 and all(ref == "REF" for ref, _ in ev.pairs)  # format failures never reach the harness
     correct, speedup = kz.kernel_scores(results)

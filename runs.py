@@ -1,0 +1,173 @@
+"""
+A run's files and its console: checkpoints, the trained models in Hugging Face format, metrics.jsonl, and the line
+each round prints. Nothing here trains or samples; kernelzero.py's loop calls it.
+
+How this departs from common practice:
+1. Checkpoints are whole state dicts (torch.distributed.checkpoint's state_dict API with full_state_dict=True),
+   written by rank 0: the same files from any number of ranks, so a run resumes on any world size (sharded DCP
+   checkpoints would write faster for a 7B model; whole ones keep one format for every world size and for `eval`).
+2. Every file is written atomically (a temp name, then a rename; for checkpoints the `latest` pointer is the commit
+   point), so a run killed at any moment leaves the previous checkpoint intact and nothing half-written to trust.
+3. The console says what each phase's update did or why it trained nothing ("coder: skipped, all 4 groups
+   zero-std (0/32 correct; ...)"): with a weak model most updates are skipped, and a silent skip looks like training.
+
+Use (from kernelzero.py; `state` is the loop's dict: round, pool, API statistics, the python RNG):
+    save_checkpoint(run_dir, coder, proposer, state); state = load_checkpoint(run_dir, coder, proposer)
+    print(console_line(rec, cfg))   # rec: one round's metrics
+"""
+
+import glob
+import gzip
+import json
+import os
+import random
+import shutil
+
+import torch
+import torch.distributed as dist
+
+from sampling import barrier, rank, refresh_sampler
+
+# -----------------------------------------------------------------------------
+# Files: models, state dicts, JSON lines
+
+
+def save_pretrained_atomic(policy, path):
+    """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0."""
+    weights = full_state(policy)[0] if dist.is_initialized() else None   # (FSDP2: every rank helps gather)
+    if rank() == 0:
+        tmp = path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.model.save_pretrained(tmp, state_dict=weights)
+        policy.tok.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    barrier()
+
+
+def full_state(policy):
+    """(model, AdamW) state dicts, whole, on the CPU, keyed by parameter name (torch.distributed.checkpoint's
+    state_dict API): the same files from any number of ranks, so a run resumes on any world size. Under torchrun
+    rank 0 gets them (the others an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(policy.model, options=whole),
+            get_optimizer_state_dict(policy.model, policy.opt, options=whole))
+
+
+def write_jsonl(path, rows):
+    """One JSON object per line, to path (gzip-compressed when it ends in .gz), atomically."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with (gzip.open if path.endswith(".gz") else open)(path + ".tmp", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(path + ".tmp", path)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints
+
+
+def save_checkpoint(run_dir, coder, proposer, state):
+    """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones. The
+    state dicts are whole (full_state) and rank 0 writes them: a run resumes on any number of ranks."""
+    name = f"ckpt_{state['round']:05d}"
+    weights = {role: full_state(pol) for role, pol in (("coder", coder), ("proposer", proposer))}   # (all ranks)
+    if rank() == 0:
+        tmp, final = os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        for role, (model, opt) in weights.items():
+            torch.save({"model": model, "opt": opt}, os.path.join(tmp, f"{role}.pt"))
+        # the python RNG draws API sets and pool modules (the same on every rank); sampling has its own seeds
+        saved = {k: v for k, v in state.items() if k != "rng"}
+        torch.save({**saved, "rng_state": state["rng"].getstate()}, os.path.join(tmp, "state.pt"))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        with open(os.path.join(run_dir, "latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(run_dir, "latest.tmp"), os.path.join(run_dir, "latest"))  # the commit point
+        for old in glob.glob(os.path.join(run_dir, "ckpt_*")):
+            if os.path.basename(old) != name:
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
+
+
+def load_checkpoint(run_dir, coder, proposer):
+    """The latest checkpoint into both policies (each rank reads the whole file and keeps its shard); the loop's
+    state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    whole = StateDictOptions(full_state_dict=True)
+    with open(os.path.join(run_dir, "latest")) as f:
+        path = os.path.join(run_dir, f.read().strip())
+    for role, pol in (("coder", coder), ("proposer", proposer)):
+        ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location="cpu")
+        set_model_state_dict(pol.model, ckpt["model"], options=whole)
+        set_optimizer_state_dict(pol.model, pol.opt, ckpt["opt"], options=whole)
+        refresh_sampler(pol)
+    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file: python RNG state, pool
+    state["rng"] = random.Random()
+    state["rng"].setstate(state.pop("rng_state"))
+    return state
+
+
+# -----------------------------------------------------------------------------
+# Console and metrics
+
+
+def _counts(counter):
+    return ", ".join(f"{n} {k}" for k, n in sorted(counter.items(), key=lambda kv: -kv[1]))
+
+
+def update_note(rec, role, cfg):
+    """What one phase's update did, in a few words: on how many GRPO groups, or why it trained nothing, with what the
+    samples scored ("coder: skipped, all 2 groups zero-std (0/8 correct; 8 format)")."""
+    if role == "coder":
+        errors = rec.get("coder/errors") or {}
+        n, size = sum(errors.values()), cfg.group_size
+        if not n:
+            return "coder: skipped, the pool is empty"
+        outcome = f"{errors.get('ok', 0)}/{n} correct" + (f"; {_counts({k: v for k, v in errors.items() if k != 'ok'})}"
+                                                          if n > errors.get("ok", 0) else "")
+    else:
+        n, size = cfg.api_sets_per_round * cfg.group_size_proposer, cfg.group_size_proposer
+        valid = round(rec.get("proposer/valid_frac", 0.0) * n)
+        outcome = f"{valid}/{n} valid" + (f"; {_counts(rec.get('proposer/invalid') or {})}" if valid < n else "")
+        if rec.get("proposer/unique_valid"):
+            outcome += f"; probe pass rate {rec['proposer/p_mean']:.2f}"
+    groups = n // size
+    flat = round(rec.get(f"{role}/frac_reward_zero_std", 0.0) * groups)
+    if f"{role}/loss" not in rec:
+        return f"{role}: skipped, all {groups} groups zero-std ({outcome})"
+    used = groups - flat if cfg.filter_zero_std else groups
+    skipped = " (step skipped: non-finite gradient)" if rec.get(f"{role}/skipped_steps") else ""
+    return f"{role}: updated on {used} of {groups} groups ({outcome}){skipped}"
+
+
+def console_line(rec, cfg=None):
+    """The round's line; with cfg, a line per phase saying what its update did or why it trained nothing."""
+    def f(key, fmt):
+        v = rec.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+    kl = f" kl {f('coder/kl', '.4f')}" if cfg is None or cfg.kl_coef > 0 else ""   # 0 by configuration otherwise
+    speed = f" speedup {f('coder/speedup', '.2f')}" if "coder/speedup" in rec and rec["coder/speedup"] is not None \
+        or cfg is None or cfg.device != "cpu" else ""   # the CPU interpreter does not time kernels
+    gpu = f" gpu {f('gpu_peak_gb', '.1f')}GB" if "gpu_peak_gb" in rec else ""
+    line = (f"round {rec['round']:3d} | proposer valid {f('proposer/valid_frac', '.2f')} p {f('proposer/p_mean', '.2f')}"
+            f" reward {f('proposer/reward_mean', '+.2f')} +{rec.get('proposer/added', 0)} pool {rec['pool_size']}"
+            f" | coder pass {f('coder/pass_rate', '.3f')}{speed}"
+            f" reward {f('coder/reward_mean', '.3f')} zero-std {f('coder/frac_reward_zero_std', '.2f')}"
+            f" loss {f('coder/loss', '+.4f')}{kl} clip {f('coder/clip_frac', '.3f')}"
+            f" | {f('time/round', '.0f')}s{gpu}")
+    if cfg is not None:
+        line += "".join("\n  " + update_note(rec, role, cfg) for role in ("proposer", "coder"))
+    return line
+
+
+def append_metrics(metrics_path, state, rec):
+    """One JSON line per record (rank 0 writes); state["metrics_lines"] counts them so that a resume drops lines
+    written after the checkpoint it restarts from."""
+    if rank() == 0:
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    state["metrics_lines"] += 1
