@@ -751,7 +751,9 @@ def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None =
 def _harness_module(directory: str):
     """eval_harness from `directory`, under its own module name. Its workers boot from `directory` (_BOOT puts it first
     on their sys.path), so a split harness's worker side (harness_worker.py, which imports eval_harness) comes from
-    there too; the parent side never imports the worker side, so nothing of this checkout's worker mixes in."""
+    there too; the parent side never imports the worker side, so nothing of this checkout's worker mixes in. (A
+    baseline's parent-side `import static_checks` gets this checkout's: the rules a source is rejected by, not the
+    timing path.)"""
     import importlib.util
     spec = importlib.util.spec_from_file_location("eval_harness_baseline", os.path.join(directory, "eval_harness.py"))
     module = importlib.util.module_from_spec(spec)

@@ -14,7 +14,7 @@ its zygote's boot string. So there is no import cycle, the caller's process neve
 baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
 
 A candidate runs in this module's process, so both modules are the harness to it: the static check bans importing
-either one and assigning into it (_BANNED_IMPORTS, _PROTECTED_ROOTS in eval_harness), and _harness_snapshot covers
+either one and assigning into it (BANNED_IMPORTS, PROTECTED_ROOTS in static_checks.py), and _harness_snapshot covers
 the functions of both (_HARNESS_MODULES), checked after every candidate phase (pitfall 6).
 """
 from __future__ import annotations

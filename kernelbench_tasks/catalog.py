@@ -467,9 +467,9 @@ def _usage(src):
     Operators count only outside __init__ (`1.0 / math.sqrt(d)` there is scalar set-up, not a tensor op), and
     `self.norm(x)` is a submodule call, not the tensor method `norm`.
     """
-    from eval_harness import _import_aliases, _name_chain   # (imported here: the catalog itself loads without it)
+    from static_checks import import_aliases, name_chain
     tree = ast.parse(src)
-    aliases = _import_aliases(tree)
+    aliases = import_aliases(tree)
     body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in ("get_inputs", "get_init_inputs"))
             and not isinstance(n, (ast.Import, ast.ImportFrom))]
     in_init = {id(sub) for top in body for f in ast.walk(top) if isinstance(f, ast.FunctionDef) and f.name == "__init__"
@@ -479,12 +479,12 @@ def _usage(src):
         if isinstance(node, (ast.BinOp, ast.AugAssign)) and id(node) not in in_init:
             ops.add(type(node.op).__name__)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            chain = _name_chain(node.func)
+            chain = name_chain(node.func)
             # a method on a tensor expression: x.sum(), (a * b).softmax(), self.weight.sum(); not self.op(x)
             if chain is None or (chain[0] not in aliases and chain[:1] != ["self"]) or len(chain) > 2:
                 methods.add(node.func.attr)
         if isinstance(node, (ast.Attribute, ast.Name)):
-            chain = _name_chain(node)
+            chain = name_chain(node)
             if chain and chain[0] in aliases:
                 names.add(".".join([aliases[chain[0]]] + chain[1:]))
             elif isinstance(node, ast.Attribute):
@@ -608,9 +608,9 @@ def normalized_source_hash(src, ignore_constants=False):
     (use it to check that a generated module is not a held-out task with different sizes). Raises SyntaxError on
     source that does not parse.
     """
-    from eval_harness import _import_aliases
+    from static_checks import import_aliases
     tree = ast.parse(src)
-    aliases = _import_aliases(tree)
+    aliases = import_aliases(tree)
     bound, bound_attrs = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
