@@ -129,6 +129,9 @@ class Config:
     round_timing: str = ""           # (e) options of the new harness, "key=value,..."; several variants, each run
     #                                  on the same batch and compared with the first and the baseline, separated by
     #                                  ";" (e.g. "inputs_on_device=false;timing_budget_s=0.25;timing_adaptive=true")
+    round_warm: int = 0              # (e) candidates each Evaluator verifies (tagged apart: no cache hit) before the
+    #                                  timed batch, as in a loop's later rounds (its pools booted while the trainer
+    #                                  generated); 0: a cold Evaluator, whose start counts in the wall time
     round_profile: str = ""          # (e) a directory: every worker job of each run under cProfile
     #                                  (KZ_WORKER_PROFILE), merged and printed per run: where a verdict's time goes
     seed: int = 0                    # which candidate variants are generated
@@ -857,10 +860,16 @@ def bench_round(cfg: Config, tag: str) -> None:
         cpu, stop = [], threading.Event()   # the host's busy fraction each second of the run
         sampler = threading.Thread(target=sample_host_cpu, args=(cpu, stop), daemon=True)
         sampler.start()
-        t0 = time.perf_counter()
         with module.Evaluator(backend=cfg.round_backend, progress=False,
                               **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
-            t1 = time.perf_counter()   # (the Evaluator boots its workers from here on, in the background)
+            warm_s = 0.0
+            if cfg.round_warm:   # a round before this one: other candidates (their own tags), not timed
+                warm = round_candidates(f"{tag}-warm{run}", cfg.round_tasks, cfg.round_samples, failures,
+                                        cfg.round_backend)[:cfg.round_warm]
+                t0 = time.perf_counter()
+                ev.map([(r, c) for r, c, _ in warm])
+                warm_s = time.perf_counter() - t0
+            t0 = t1 = time.perf_counter()   # (a cold Evaluator boots its workers from here on, in the background)
             results = ev.map([(r, c) for r, c, _ in pairs])
             map_s = time.perf_counter() - t1
         wall = time.perf_counter() - t0
@@ -870,7 +879,7 @@ def bench_round(cfg: Config, tag: str) -> None:
         for r in results:
             spent.update(r.details.get("phase_s", {}))
             spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
-        summary[name] = {"wall_s": wall, "map_s": map_s, "opts": opts, "kinds": [r.error_kind for r in results],
+        summary[name] = {"wall_s": wall, "map_s": map_s, "warm_s": warm_s, "warm": cfg.round_warm, "opts": opts, "kinds": [r.error_kind for r in results],
                          "speedups": [r.speedup for r in results], "runtime_ms": [r.runtime_ms for r in results],
                          "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
                          "trials_on": collections.Counter(r.details.get("trials_on") for r in results),

@@ -257,6 +257,24 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
     assert len(set(tags[1:])) == 3   # every run's candidates tagged anew: no Triton cache hit from the run before
 
 
+def test_harness_bench_round_warm_verifies_other_candidates_first(tmp_path, monkeypatch):
+    """--round-warm N: each Evaluator verifies N candidates of their own tag before the timed batch (a loop's later
+    round), and the timed batch's verdicts are those of a cold run."""
+    import json
+    import bench
+    t = _t()
+    tags = []
+    monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples, failures, backend: tags.append(tag) or [
+        (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
+    cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1, round_baseline="none",
+                       round_warm=1)
+    bench.bench_round(cfg, "test")
+    summary = [json.loads(line) for line in open(tmp_path / "bench.jsonl")][-1]
+    assert summary["new"]["kinds"] == ["ok", "mismatch"] and summary["new"]["warm"] == 1
+    assert summary["new"]["warm_s"] > 0
+    assert tags == ["test-round", "test-round0", "test-warm0"]   # the warm-up's candidates carry their own tag
+
+
 def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys):
     """--round-profile: every worker job of a run writes its cProfile file (KZ_WORKER_PROFILE), and the run's merged
     profile is printed with the harness's own stages in it; the variable is gone after the run."""
