@@ -74,8 +74,8 @@ from runs import (append_metrics, console_line, load_checkpoint, save_checkpoint
                   write_jsonl)
 from sampling import (all_max, all_sum, autocast, barrier, chat, coder_prompt, focus, gather_rows,
                       generate_and_verify, harness_device_for, harness_seconds, kernel_scores, make_policy,
-                      microbatches, my_rows, open_evaluator, phase_seed, proposer_prompt, rank, refresh_sampler, rollout,
-                      say, sequence_logprobs, setup_ranks, timed, world)
+                      microbatches, my_rows, open_evaluator, phase_seed, proposer_prompt, rank, refresh_sampler,
+                      rollout, say, sequence_logprobs, setup_ranks, timed, world)
 
 
 # -----------------------------------------------------------------------------

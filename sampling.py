@@ -19,8 +19,8 @@ How this departs from a plain transformers + TRL setup:
 5. Generation and verification overlap: CUDA builds, worker start-up and input generation hide behind the next
    generate call, and candidates use the GPU only while this process does not (Evaluator.holding_gpus).
 
-kernelzero.py and evaluation.py import it; `python bench.py rollout` times `rollout` against plain `model.generate`, and `python
-bench.py train` the update built on `sequence_logprobs`. `cfg` below is a kernelzero.Config.
+kernelzero.py and evaluation.py import it; `python bench.py rollout` times `rollout` against plain
+`model.generate`, and `python bench.py train` the update built on `sequence_logprobs`. `cfg` below is a kernelzero.Config.
 """
 
 import ast
@@ -44,7 +44,7 @@ from eval_harness import Evaluator, KernelResult, extract_code
 from models import load_model, set_attention
 
 # -----------------------------------------------------------------------------
-# Ranks (torchrun): one process per GPU, each with its share of a phase's rows
+# Ranks (torchrun): one process per GPU, each with its share of a phase's rows; this process's device and harness
 # Without torchrun there is no process group: world() is 1, my_rows() is every row, and the collectives below return
 # their input, so a one-process run is the plain program.
 
