@@ -20,7 +20,8 @@ How this departs from a plain transformers + TRL setup:
    generate call, and candidates use the GPU only while this process does not (Evaluator.holding_gpus).
 
 kernelzero.py and evaluation.py import it; `python bench.py rollout` times `rollout` against plain
-`model.generate`, and `python bench.py train` the update built on `sequence_logprobs`. `cfg` below is a kernelzero.Config.
+`model.generate`, and `python bench.py train` the update built on `sequence_logprobs`. `cfg` below is a
+kernelzero.Config.
 """
 
 import ast
