@@ -879,7 +879,8 @@ def bench_round(cfg: Config, tag: str) -> None:
         for r in results:
             spent.update(r.details.get("phase_s", {}))
             spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
-        summary[name] = {"wall_s": wall, "map_s": map_s, "warm_s": warm_s, "warm": cfg.round_warm, "opts": opts, "kinds": [r.error_kind for r in results],
+        summary[name] = {"wall_s": wall, "map_s": map_s, "warm_s": warm_s, "warm": cfg.round_warm, "opts": opts,
+                         "kinds": [r.error_kind for r in results],
                          "speedups": [r.speedup for r in results], "runtime_ms": [r.runtime_ms for r in results],
                          "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
                          "trials_on": collections.Counter(r.details.get("trials_on") for r in results),

@@ -114,7 +114,7 @@ def run_eval(cfg):
     say("config: " + json.dumps(dataclasses.asdict(cfg)))
     if cfg.temperature == 0 and cfg.samples > 1:
         say(f"note: greedy decoding (--temperature 0) gives every sample the same answer: 1 sample per task, "
-              f"not {cfg.samples}")
+            f"not {cfg.samples}")
         cfg = dataclasses.replace(cfg, samples=1)
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)

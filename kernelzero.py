@@ -74,8 +74,8 @@ from runs import (append_metrics, console_line, load_checkpoint, save_checkpoint
                   write_jsonl)
 from sampling import (all_max, all_sum, autocast, barrier, chat, coder_prompt, focus, gather_rows,
                       generate_and_verify, harness_device_for, harness_seconds, kernel_scores, make_policy,
-                      microbatches, my_rows, open_evaluator, phase_seed, proposer_prompt, rank, refresh_sampler,
-                      rollout, say, sequence_logprobs, setup_ranks, timed, world)
+                      microbatches, my_rows, open_evaluator, optimizer_step, phase_seed, proposer_prompt, rank,
+                      refresh_sampler, rollout, say, sequence_logprobs, setup_ranks, timed, world)
 
 
 # -----------------------------------------------------------------------------
@@ -256,8 +256,7 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
             share = len(mine[sl]) / len(batch) * world() if sl else 0.0
             (loss * share).backward()
             total += float(loss.detach()) * share / world()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        policy.opt.step()
+        optimizer_step(policy, cfg.grad_clip)
         losses.append(all_sum([total])[0])
     model.eval()
     refresh_sampler(policy)
@@ -479,16 +478,9 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
                 for k, v in stats.items():  # token-weighted averages over the batch
                     totals[k] += v * float(mask.sum()) if k != "tokens" else v
                 totals["loss"] += float(loss.detach()) * float(share) / world()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # (all ranks')
+        grad_norm = optimizer_step(policy, cfg.grad_clip)   # (no step when the norm is not finite)
         totals["grad_norm"] += grad_norm
-        if math.isfinite(grad_norm):
-            policy.opt.step()
-        else:
-            # a NaN or inf gradient would reach every weight through the clip factor (max_norm / NaN) and AdamW's
-            # moments: skip this step and count it (verl's actor does the same); the run goes on
-            skipped += 1
-            say(f"warning: non-finite gradient norm ({grad_norm}); this optimizer step was skipped")
+        skipped += not math.isfinite(grad_norm)
     model.eval()
     refresh_sampler(policy)
     keys = sorted(k for k in totals if k != "grad_norm")
@@ -783,11 +775,11 @@ def main(cfg):
             rec = {"round": state["round"]}
             n_props = cfg.api_sets_per_round * cfg.group_size_proposer
             say(f"round {state['round']}: proposer writes {n_props} modules, the Coder probes each valid one "
-                  f"{cfg.k_probe} times, the Proposer updates ...", flush=True)
+                f"{cfg.k_probe} times, the Proposer updates ...", flush=True)
             rec.update(proposer_phase(proposer, coder, ev, state, cfg, device, times))
             say(f"round {state['round']}: the Coder writes {cfg.group_size} kernels for each of "
-                  f"{min(cfg.modules_per_round, len(state['pool']))} pool modules, the harness checks them, "
-                  f"the Coder updates ...", flush=True)
+                f"{min(cfg.modules_per_round, len(state['pool']))} pool modules, the harness checks them, "
+                f"the Coder updates ...", flush=True)
             rec.update(coder_phase(coder, proposer, ev, state, cfg, device, times))
             rec["pool_size"] = len(state["pool"])
             if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
@@ -804,14 +796,14 @@ def main(cfg):
             save_checkpoint(cfg.run_dir, coder, proposer, state)
             left = cfg.rounds - state["round"]
             say(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s"
-                  + (f"; {left} round(s) left, about {left * rec['time/round'] / 60:.0f} min more" if left else ""),
-                  flush=True)
+                + (f"; {left} round(s) left, about {left * rec['time/round'] / 60:.0f} min more" if left else ""),
+                flush=True)
     for role, pol in (("coder", coder), ("proposer", proposer)):  # for `eval --coder-model RUN_DIR/coder`
         save_pretrained_atomic(pol, os.path.join(cfg.run_dir, role))
     say(f"done in {(time.perf_counter() - t_start) / 60:.1f} min. Results in {cfg.run_dir}/: metrics.jsonl (one line "
-          f"a round), coder/ and proposer/ (the trained models). Next: `python kernelzero.py plot {cfg.run_dir}` "
-          f"draws the curves; `python kernelzero.py eval --coder-model {cfg.run_dir}/coder --backend {cfg.backend}` "
-          f"scores the Coder on held-out tasks.")
+        f"a round), coder/ and proposer/ (the trained models). Next: `python kernelzero.py plot {cfg.run_dir}` "
+        f"draws the curves; `python kernelzero.py eval --coder-model {cfg.run_dir}/coder --backend {cfg.backend}` "
+        f"scores the Coder on held-out tasks.")
     return state
 
 

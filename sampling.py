@@ -28,6 +28,7 @@ import ast
 import concurrent.futures
 import contextlib
 import copy
+import math
 import os
 import time
 import zlib
@@ -200,6 +201,19 @@ def shard_model(model, device):
     fully_shard(model, mesh=mesh)
 
 
+def optimizer_step(policy, max_norm):
+    """Clip the gradients to max_norm, then take the AdamW step unless their norm is not finite: a NaN or inf
+    gradient would reach every weight through the clip factor (max_norm / NaN) and AdamW's moments, so that step is
+    skipped and the run goes on (verl's actor does the same). Returns the pre-clip norm (all ranks' under FSDP2)."""
+    norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_norm)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if math.isfinite(norm):
+        policy.opt.step()
+    else:
+        say(f"warning: non-finite gradient norm ({norm}); this optimizer step was skipped")
+    return norm
+
+
 def make_policy(name, cfg, lr, device):
     return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device)
 
@@ -240,7 +254,6 @@ def autocast(device):
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 BACKEND_RULES = {
     "triton": ("Write Triton kernels (`import triton`, `import triton.language as tl`, `@triton.jit`) and launch them "

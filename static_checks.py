@@ -49,7 +49,7 @@ BANNED_ATTRS = {  # attribute names, whatever object they hang off
     "f_globals": "introspection", "f_locals": "introspection", "tb_frame": "introspection", "gi_frame": "introspection",
 }
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
-               "allow_bf16_reduced_precision_reduction"}
+              "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
 PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "harness_worker", "static_checks", "triton",
                    "numpy", "math", "gc"}

@@ -45,6 +45,8 @@ import random
 
 import torch
 
+from static_checks import import_aliases, name_chain
+
 KINDS = ("elementwise_unary", "elementwise_binary", "reduction", "matmul", "conv", "norm", "pooling", "scan", "loss",
          "shape")
 FLOATS = ["float32", "float16", "bfloat16"]
@@ -467,7 +469,6 @@ def _usage(src):
     Operators count only outside __init__ (`1.0 / math.sqrt(d)` there is scalar set-up, not a tensor op), and
     `self.norm(x)` is a submodule call, not the tensor method `norm`.
     """
-    from static_checks import import_aliases, name_chain
     tree = ast.parse(src)
     aliases = import_aliases(tree)
     body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name in ("get_inputs", "get_init_inputs"))
@@ -608,7 +609,6 @@ def normalized_source_hash(src, ignore_constants=False):
     (use it to check that a generated module is not a held-out task with different sizes). Raises SyntaxError on
     source that does not parse.
     """
-    from static_checks import import_aliases
     tree = ast.parse(src)
     aliases = import_aliases(tree)
     bound, bound_attrs = set(), set()
