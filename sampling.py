@@ -371,6 +371,27 @@ def token_logprobs(logits, targets, temperature, piece=2**26):
     return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
 
 
+# attentions that take a (B, 1, q, L) bool mask as given (transformers' "sdpa" and models.sdpa_gqa_attention)
+BOOL_MASK_ATTENTIONS = ("sdpa", "sdpa_gqa")
+
+
+def padded_causal_mask(attention_mask):
+    """(B, L) 0/1 padding mask -> (B, 1, L, L) bool attention mask (True: may attend): causal over real keys, and a
+    pad query attends to every key.
+
+    transformers' own mask leaves a left-pad query with no key at all (causal and padding together exclude every
+    one), and since transformers 5 nothing repairs such rows. Some CUDA SDPA kernels return NaN for a query with no
+    key, in the forward or in its backward, and the next layer's 0 * NaN carries it into real tokens and every
+    weight's gradient (pytorch/pytorch#103749 and #110213, huggingface/transformers#38690). A pad query's output is
+    never read and a pad key stays masked for real queries, so real tokens' log-probs are unchanged.
+    """
+    keep = attention_mask.bool()  # (B, L)
+    L = keep.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=keep.device).tril()  # (L, L): query i sees keys <= i
+    mask = (causal & keep[:, None, :]) | ~keep[:, :, None]  # (B, L, L): real keys only; pad queries see all
+    return mask[:, None]
+
+
 def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature, chunk=0):
     """(B, L) prompt+completion -> (B, T) log-probs of the last T = n_completion tokens under logits / temperature.
 
@@ -384,9 +405,13 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
     Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
     config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.
+    The forward gets padded_causal_mask's 4D mask when its attention takes one (BOOL_MASK_ATTENTIONS), so no CUDA
+    kernel sees a query without keys.
     """
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
     targets = input_ids[:, -n_completion:]
+    if getattr(model.config, "_attn_implementation", None) in BOOL_MASK_ATTENTIONS:
+        attention_mask = padded_causal_mask(attention_mask)   # (B, 1, L, L): no query row without a key
     if chunk <= 0 or chunk >= n_completion or any(getattr(model.config, k, None) for k in LOGIT_POSTPROCESSING):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
                        logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1

@@ -199,6 +199,34 @@ def test_trainer_logprobs_ignore_left_padding():
     _trainer_close(lp1[0], manual.tolist(), atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "sdpa_gqa"])
+def test_trainer_logprobs_finite_when_sdpa_gives_nan_for_a_query_without_keys(monkeypatch, attention):
+    """Some CUDA SDPA kernels return NaN for a query row that may attend to no key, as a left-pad position is under
+    transformers' own mask. Emulated here: sequence_logprobs (the old log-probs and the update's forward) must then
+    give the same log-probs as before and finite gradients, where the plain 2D-mask forward turns NaN."""
+    model, tok = _trainer_gqa_model()
+    models.set_attention(model, attention)
+    enc = tok(["hi", "a much longer prompt than that"], return_tensors="pt", padding=True)
+    completion = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
+    ids = torch.cat([enc.input_ids, completion], 1)
+    mask = torch.cat([enc.attention_mask, torch.ones_like(completion)], 1)
+    expect = kz.sequence_logprobs(model, ids, mask, 6, 1.0)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def nan_for_empty_rows(q, k, v, attn_mask=None, **kw):
+        out = sdpa(q, k, v, attn_mask=attn_mask, **kw)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            out = torch.where(~attn_mask.any(-1, keepdim=True), float("nan"), out)   # (B, 1, q, 1): no key
+        return out
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", nan_for_empty_rows)
+    assert torch.isnan(model(input_ids=ids, attention_mask=mask).logits).any()   # the emulation bites
+    lp = kz.sequence_logprobs(model, ids, mask, 6, 1.0)
+    _trainer_close(lp, expect.tolist(), atol=1e-5)
+    lp.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None) > 0
+
+
 def _trainer_logprob_case(tied):
     """A tiny model (lm_head tied to the embeddings or not) and a left-padded batch of 3 sequences, 11 completion."""
     from transformers import LlamaForCausalLM
