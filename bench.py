@@ -752,17 +752,31 @@ def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None =
 
 
 def _harness_module(directory: str):
-    """eval_harness from `directory`, under its own module name. Its workers boot from `directory` (_BOOT puts it first
-    on their sys.path), so a split harness's worker side (harness_worker.py, which imports eval_harness) comes from
-    there too; the parent side never imports the worker side, so nothing of this checkout's worker mixes in. (A
-    baseline's parent-side `import static_checks` gets this checkout's: the rules a source is rejected by, not the
-    timing path.)"""
+    """eval_harness from `directory`, under its own module name, with the directory's harness_processes.py where it
+    has one (a harness split in three): the baseline's pools, GPU gate and time limits are its own. Its workers boot
+    from `directory` (BOOT puts it first on their sys.path), so the worker side (harness_worker.py, which imports
+    eval_harness) comes from there too; the parent side never imports the worker side, so nothing of this checkout's
+    worker mixes in. (A baseline's parent-side `import static_checks` gets this checkout's: the rules a source is
+    rejected by, not the timing path.)"""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("eval_harness_baseline", os.path.join(directory, "eval_harness.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name + "_baseline", os.path.join(directory, name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+    ours = sys.modules.get("harness_processes")
+    try:
+        if os.path.exists(os.path.join(directory, "harness_processes.py")):
+            # the baseline's `import harness_processes` binds the directory's, then this checkout's is put back
+            sys.modules["harness_processes"] = load("harness_processes")
+        return load("eval_harness")
+    finally:
+        if ours is not None:
+            sys.modules["harness_processes"] = ours
+        else:
+            sys.modules.pop("harness_processes", None)
 
 
 def _peak_rss_gb() -> float:

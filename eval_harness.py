@@ -5,17 +5,18 @@ A task is a KernelBench problem file (`class Model`, `get_inputs()`, `get_init_i
 `KernelResult` whose `error_kind` is one of ERROR_KINDS; `Evaluator.map(pairs)` does the same for a batch, building
 CUDA candidates on CPU workers in parallel, checking a few candidates at once on each GPU and timing one at a time.
 
-Three files, split at the process boundary
+The harness's files, split where a reader would look
   eval_harness.py (this file) is the caller's side: results and options, extract_code, the static checks' verdicts
-  (their rules, parse only, are static_checks.py), worker pools and their zygotes, the GPU gate and memory admission,
-  running one job under its time limits, the shared reference's sealed file, the public API (Evaluator, evaluate,
-  lint_tasks) and the CLI.
+  (their rules, parse only, are static_checks.py), the shared reference's bookkeeping, the public API (Evaluator,
+  evaluate, lint_tasks) and the CLI.
+  harness_processes.py is how the caller's side runs work in processes: worker pools and their zygotes, the GPU gate
+  and memory admission, running one job under its time limits, the shared reference's sealed file.
   harness_worker.py is everything that runs inside a worker process: start-up (zygote, worker, warm-up), the five
   stages of a candidate's evaluation (reference trials, instrumentation and import, correctness, kernel coverage,
   timing), the shared reference's worker side, and the compile and lint jobs. It imports this module (options,
-  tolerances, _truncate, _format_exception, _memory_need); this module never imports it (only its zygotes do,
-  through _BOOT), so there is no import cycle and the caller's process never loads the worker's code. The pitfall
-  checks below are implemented there unless they say "static check" (static_checks.py).
+  tolerances, _truncate, _format_exception) and harness_processes; neither imports it (only the zygotes do, through
+  harness_processes.BOOT), so there is no import cycle and the caller's process never loads the worker's code. The
+  pitfall checks below are implemented there unless they say "static check" (static_checks.py).
 
 What the process isolation protects, and what it does not
   Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
@@ -107,28 +108,20 @@ import concurrent.futures
 import contextlib
 import copy
 import dataclasses
-import fcntl
 import json
-import multiprocessing
-import multiprocessing.reduction
 import os
 import queue
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 
 import torch
 
 import static_checks
+from harness_processes import (Gate, Memory, Pool, gpu_lock_path, host_available_bytes, memory_need, run_job,
+                               sealed_file, worker_env)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -248,469 +241,6 @@ def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Worker processes, parent side: a zygote per pool forks one fresh worker per job
-
-# the zygote imports the worker side (harness_worker.py, which imports this module) from this file's directory
-_BOOT = ("import sys; sys.path.insert(0, {here!r}); import harness_worker; "
-         "harness_worker._zygote_main(int(sys.argv[1]))")
-
-
-class _Zygote:
-    """A process that imported the workers' modules in one environment; fork() makes a worker and returns its pid.
-    Requests go over one socket (a lock serialises them); a new worker's two pipe ends (its job pipe, its output)
-    travel as file descriptors (SCM_RIGHTS). The zygote never touches CUDA (a forked child could not use it) and
-    never runs candidate code. Its workers are its children, so it also reaps them and reports their exit codes."""
-
-    def __init__(self, env: dict):
-        self.conn, child = multiprocessing.Pipe()   # (a socketpair: it can carry file descriptors)
-        boot = _BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
-        self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], env=env,
-                                     pass_fds=[child.fileno()], start_new_session=True, stdin=subprocess.DEVNULL)
-        child.close()
-        self.lock = threading.Lock()
-
-    def ask(self, *request, fds: tuple = (), timeout: float = 300.0):
-        with self.lock:
-            self.conn.send(request)
-            for fd in fds:
-                multiprocessing.reduction.send_handle(self.conn, fd, self.proc.pid)
-            if not self.conn.poll(timeout):   # (the first request waits for the zygote's imports)
-                raise RuntimeError(f"the worker zygote did not answer {request[0]!r} in {timeout:.0f} s")
-            return self.conn.recv()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.close()   # the zygote sees EOF and exits; its idle workers follow (_die_with_parent)
-        self.proc.kill()
-        self.proc.wait()
-
-
-class _Worker:
-    """One process forked from a zygote, in its own session; runs exactly one job, then it and its process group
-    are killed.
-
-    Its stdout and stderr (the candidate's prints, faulthandler's traceback) go to a pipe that a parent thread drains,
-    keeping only the last TAIL_BYTES for error messages: a candidate that prints a lot (4 MB per call, called hundreds
-    of times while timed) neither fills a file up to the worker's file-size limit ("File too large") nor blocks on a
-    full pipe. Only the candidate's own behaviour decides its verdict."""
-
-    TAIL_BYTES = 64 * 1024
-
-    def __init__(self, zygote: _Zygote):
-        self.zygote, self.dir = zygote, tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs
-        self.conn, child = multiprocessing.Pipe()
-        out_read, out_write = os.pipe()
-        try:
-            self.pid = zygote.ask("fork", self.dir, fds=(child.fileno(), out_write))
-        except BaseException:   # (e.g. the zygote died: nothing of this worker may stay behind)
-            os.close(out_read)
-            shutil.rmtree(self.dir, ignore_errors=True)
-            raise
-        finally:
-            child.close()
-            os.close(out_write)
-        self.tail, self.output_bytes = collections.deque(), 0
-        self.drain = threading.Thread(target=self._drain, args=(open(out_read, "rb"),), daemon=True)
-        self.drain.start()
-
-    def _drain(self, pipe) -> None:
-        """Read the worker's output until EOF, keeping the last TAIL_BYTES (and the total count)."""
-        kept = 0
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := pipe.read1(65536):
-                self.tail.append(chunk)
-                kept += len(chunk)
-                self.output_bytes += len(chunk)
-                while kept - len(self.tail[0]) >= self.TAIL_BYTES:
-                    kept -= len(self.tail.popleft())
-        with contextlib.suppress(OSError):
-            pipe.close()
-
-    def exit_code(self, timeout: float = 5.0) -> int | None:
-        """The worker's exit code (negative: killed by that signal) once it has ended; None if it still runs after
-        `timeout` s (its zygote reaps it at a later request) or its zygote is gone."""
-        with contextlib.suppress(Exception):
-            return self.zygote.ask("reap", self.pid, timeout, timeout=timeout + 30)
-        return None
-
-    def kill(self) -> None:
-        for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):   # the group: the candidate's children too
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(target, signal.SIGKILL)
-        # No waiting for it to end: a GPU worker's exit (its CUDA context torn down) can take a few hundred ms, and
-        # the zygote answers one request at a time, so every fork would queue behind it. It reaps it later.
-        self.exit_code(timeout=0)
-        self.drain.join(timeout=5)   # (EOF once the group is dead; a child that escaped it may hold the pipe open)
-        self.conn.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def log_tail(self, n: int = 1200) -> str:
-        """The last n bytes the worker printed (stdout and stderr)."""
-        self.drain.join(timeout=2)   # a dead worker's last words are still in the pipe
-        return b"".join(list(self.tail))[-n:].decode(errors="replace")
-
-
-class _Pool:
-    """One zygote and `spare` idle workers forked from it that are past their own start-up (the CUDA context,
-    Triton's first compile), so that start-up hides behind other candidates' work. A zygote that died (e.g. killed
-    for memory) is restarted; its idle workers died with it and are dropped."""
-
-    def __init__(self, env: dict, spare: int):
-        self.env, self.spare, self.idle, self.lock, self.zygote = env, spare, [], threading.Lock(), None
-
-    def _fork(self) -> _Worker:   # (under self.lock)
-        for attempt in range(2):   # a zygote that dies while it forks (killed for memory) is replaced once
-            if self.zygote is not None and not self.zygote.alive():
-                for worker in self.idle:
-                    worker.kill()
-                self.idle.clear()
-                self.zygote.close()
-                self.zygote = None
-            if self.zygote is None:
-                self.zygote = _Zygote(self.env)
-            try:
-                return _Worker(self.zygote)
-            except (EOFError, OSError) as e:
-                if attempt:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        self.zygote.proc.wait(timeout=10)
-                    raise RuntimeError(f"worker processes cannot start: their zygote exited with code "
-                                       f"{self.zygote.proc.returncode} (its error is printed above)") from e
-                self.zygote.proc.kill()   # (counts as dead above)
-                self.zygote.proc.wait()
-
-    def take(self) -> _Worker:
-        with self.lock:   # (a dead zygote's idle workers died with it: _fork drops them and starts a new one)
-            worker = self.idle.pop(0) if self.idle and self.zygote.alive() else self._fork()
-        self.fill()
-        return worker
-
-    def fill(self) -> None:
-        """Fork workers until `spare` are idle (each then boots on its own: fork returns at once)."""
-        with self.lock:
-            while len(self.idle) < self.spare:
-                self.idle.append(self._fork())
-
-    def close(self) -> None:
-        with self.lock:
-            for worker in self.idle:
-                worker.kill()
-            self.idle.clear()
-            if self.zygote is not None:
-                self.zygote.close()
-                self.zygote = None
-
-
-def _worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
-    """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
-    running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
-    env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
-               KZ_OWNER=str(os.getpid()))   # whose workers these are (ps, tests: another run's are not ours)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    if device == "cpu":
-        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", KZ_MEMORY_LIMIT_GB=str(opts["memory_limit_gb"]))
-    else:
-        env.pop("TRITON_INTERPRET", None)
-        if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
-    return env
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Sharing a GPU and memory between workers: the timing gate, memory admission
-
-class _Gate:
-    """One GPU's timing gate. Any number of holders may check correctness on the GPU at once ("shared"), but a worker
-    that times holds it alone ("exclusive"), so no other process's kernels run during its timing reps. A waiting
-    timer blocks new shared holders (writer preference): timing is never starved by a stream of new candidates.
-
-    With `lock_path` the gate also holds across processes (every Evaluator, lint and trainer on this machine that
-    uses the same GPU): flock(2) on the lock file, shared or exclusive, plus a turnstile file that a timer holds
-    while it waits, so that new shared holders of any process queue behind it. The kernel drops a dead process's
-    locks. acquire() returns what release() needs (the lock file's descriptor, None without a lock file)."""
-
-    def __init__(self, lock_path: str | None = None, max_shared: int | None = None):
-        self.cond = threading.Condition()
-        self.shared, self.exclusive, self.waiting = 0, False, 0
-        self.lock_path = lock_path
-        self.max_shared = max_shared   # shared holders of this process at once (None: any number)
-
-    def acquire(self, mode: str) -> int | None:
-        with self.cond:   # 1. this process's holders
-            if mode == "shared":
-                self.cond.wait_for(lambda: not self.exclusive and not self.waiting
-                                   and (self.max_shared is None or self.shared < self.max_shared))
-                self.shared += 1
-            else:
-                self.waiting += 1
-                self.cond.wait_for(lambda: not self.exclusive and not self.shared)
-                self.waiting -= 1
-                self.exclusive = True
-        if not self.lock_path:
-            return None
-        # 2. other processes' holders. One descriptor per holder: flock locks belong to an open file, so two opens
-        # of one file conflict even within a process
-        turnstile = os.open(self.lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)   # a waiting timer of any process holds this: we queue behind it
-            fcntl.flock(fd, fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX)
-        finally:
-            os.close(turnstile)   # (closing unlocks)
-        return fd
-
-    def release(self, mode: str, fd: int | None = None) -> None:
-        if fd is not None:
-            os.close(fd)   # drops the flock
-        with self.cond:
-            if mode == "shared":
-                self.shared -= 1
-            else:
-                self.exclusive = False
-            self.cond.notify_all()
-
-
-def _gpu_lock_path(gpu: int) -> str | None:
-    """The machine-wide lock file of GPU `gpu` (an index into this process's visible devices), named by the GPU's
-    UUID so that processes with different CUDA_VISIBLE_DEVICES agree; under $KZ_CACHE_DIR (default
-    ~/.cache/kernelzero), i.e. per user. None where no lock file can be made (then the gate is per process)."""
-    uuid = getattr(torch.cuda.get_device_properties(gpu), "uuid", None)
-    name = str(uuid) if uuid is not None else f"index{gpu}"
-    from cuda_ext.build import cache_root
-    path = os.path.join(cache_root(), "gpu-locks", f"gpu-{name}.lock")
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a"), open(path + ".turnstile", "a"):
-            pass
-    except OSError as e:
-        warnings.warn(f"no GPU lock file ({e}): timing is exclusive among this process's candidates only")
-        return None
-    return path
-
-
-class _Memory:
-    """Admission by bytes, host and per GPU: the harness never runs more evaluations at once than memory holds.
-
-    A job asks for (host bytes, device bytes) before it makes or receives its trials: its worker estimates them from
-    the task's input sizes (_memory_need), or the parent knows them from the shared reference's measured sizes. It is
-    admitted when its bytes fit in what is free, or when no other admitted job is running (a job larger than the
-    whole budget still runs, alone). held() counts memory the parent itself keeps (the shared references' trials)."""
-
-    def __init__(self, host_bytes: int, gpu_bytes: dict):
-        self.cond = threading.Condition()
-        self.total = {"host": int(host_bytes), **{gpu: int(b) for gpu, b in gpu_bytes.items()}}
-        self.free = dict(self.total)
-        self.running = 0
-
-    def acquire(self, need: dict) -> dict:
-        need = {key: min(int(v), self.total[key]) for key, v in need.items() if key in self.total and v > 0}
-        with self.cond:
-            self.cond.wait_for(lambda: self.running == 0 or all(self.free[k] >= v for k, v in need.items()))
-            for key, v in need.items():
-                self.free[key] -= v
-            self.running += 1
-        return need
-
-    def release(self, granted: dict) -> None:
-        with self.cond:
-            for key, v in granted.items():
-                self.free[key] += v
-            self.running -= 1
-            self.cond.notify_all()
-
-    def hold(self, nbytes: int) -> None:
-        """The parent keeps nbytes of host memory (no waiting: the bytes exist already)."""
-        with self.cond:
-            self.free["host"] -= int(nbytes)
-
-    def unhold(self, nbytes: int) -> None:
-        with self.cond:
-            self.free["host"] += int(nbytes)
-            self.cond.notify_all()
-
-
-def _host_available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (the physical memory size where there is none)."""
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        with open("/proc/meminfo") as f:
-            return int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
-                 inputs_on_device: bool = False, stored: int | None = None) -> tuple[int, int]:
-    """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
-    stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
-    temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
-    their reference outputs. `stored`: bytes of trials already made (a shared reference: no temporaries). Unknown
-    sizes (None) are taken as max_trial_gb."""
-    cap = opts["max_trial_gb"] * 2**30
-    if per_input is None:
-        per_input = per_output = cap / 4
-    per_output = per_input if per_output is None else per_output
-    one = per_input + per_output
-    if stored is None:
-        n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
-        made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
-    else:
-        made, host = 0, stored
-    on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
-                                            # graphs' captured inputs and outputs, L2 flush
-    if stored is None:   # made here: on the device or on the host
-        on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)
-    return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Running one job (parent side): phases, time limits, GPU turns, memory
-
-def _run_job(worker: _Worker, job: dict, limits: dict, gate: _Gate | None = None, memory: _Memory | None = None,
-             gpu: int | None = None) -> dict:
-    """Send one job and wait for its result; each phase the worker announces gets its own time limit. The worker asks
-    for its GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and
-    on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
-    counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, _sealed_file)
-    follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds
-    details["phase_s"] (seconds per phase, waits excluded), details["gpu_wait_s"], details["gpu_turns"] (requests
-    for the GPU turn), and details["mem_wait_s"] when the job waited for memory."""
-    phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
-    deadline = time.monotonic() + limits[phase]
-    clock, phase_s, pack = time.monotonic(), collections.Counter(), None
-    pack_fd, known = job.get("pack_fd"), job.get("mem")
-    job = {k: v for k, v in job.items() if k not in ("pack_fd", "mem")}
-
-    def admit(host: int, device: int) -> float:
-        """Wait for (host, device) bytes; returns the seconds waited. Device bytes are host bytes without a GPU."""
-        nonlocal granted
-        start = time.monotonic()
-        if memory is not None and granted is None:
-            on_gpu = gpu is not None and gpu in memory.total
-            granted = memory.acquire({"host": host, gpu: device} if on_gpu else {"host": host + device})
-        return time.monotonic() - start
-
-    def finish(reply: dict) -> dict:
-        phase_s[phase] += time.monotonic() - clock
-        reply.setdefault("details", {}).update(phase_s={k: round(v, 3) for k, v in phase_s.items()},
-                                               gpu_wait_s=round(waited, 3), gpu_turns=turns)
-        if mem_waited > 0.01:
-            reply["details"]["mem_wait_s"] = round(mem_waited, 3)
-        if worker.output_bytes > _Worker.TAIL_BYTES:
-            reply["details"]["output_bytes"] = worker.output_bytes
-        if pack is not None and reply.get("error_kind") == "ok":
-            reply["pack"] = pack
-        return reply
-
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not worker.conn.poll(left):
-                return finish({"error_kind": "timeout", "compiled": phase == "run",
-                               "error": f"{phase} phase timed out after {limits[phase]:.0f} s",
-                               "details": {"phase": phase}})
-            try:
-                message = worker.conn.recv()
-                if message[0] == "ready":
-                    if known:   # sizes measured already (a shared reference): admitted before it is sent
-                        wait = admit(*known)
-                        mem_waited, deadline, clock = mem_waited + wait, deadline + wait, clock + wait
-                    worker.conn.send(job)
-                    if pack_fd is not None:
-                        multiprocessing.reduction.send_handle(worker.conn, pack_fd, worker.pid)
-                elif message[0] == "pack":   # a reference job's trials, one raw message per tensor
-                    pack = {"meta": message[1], "buffers": [_recv_raw(worker.conn) for _ in message[1]["tensors"]]}
-            except (EOFError, OSError):
-                rc = worker.exit_code()
-                how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
-                return finish({"error_kind": "crash", "compiled": phase == "run",
-                               "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
-                               "details": {"phase": phase, "returncode": rc}})
-            if message[0] == "phase":
-                phase_s[phase] += time.monotonic() - clock
-                phase, clock = message[1], time.monotonic()
-                deadline = clock + limits[phase]
-            elif message[0] in ("gpu", "mem"):   # wait for the GPU turn / the memory the worker asks for
-                start = time.monotonic()
-                if message[0] == "mem":
-                    admit(message[1], message[2])
-                elif gate:   # release what the worker holds, then wait for the mode it asks for ("none": nothing)
-                    if held:
-                        gate.release(held, held_fd)
-                    held_fd = gate.acquire(message[1]) if message[1] != "none" else None
-                if message[0] == "gpu":   # (each request is a round trip through this thread: counted)
-                    held, turns = (message[1] if message[1] != "none" else None), turns + 1
-                wait = time.monotonic() - start
-                if message[0] == "mem":
-                    mem_waited += wait
-                else:
-                    waited += wait
-                deadline, clock = deadline + wait, clock + wait
-                with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
-                    worker.conn.send(("go",))
-            elif message[0] == "result":
-                return finish(message[1])
-    finally:
-        if gate and held:
-            gate.release(held, held_fd)
-        worker.kill()
-        if memory is not None and granted is not None:   # (after the kill: the worker's memory is gone then)
-            memory.release(granted)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Shared reference work, parent side: a reference job's trials received raw, kept in a sealed memory file
-
-def _recv_raw(conn: Connection) -> bytearray:
-    """One send_bytes message read straight into a bytearray (Connection.recv_bytes would hold it twice)."""
-    fd = conn.fileno()
-
-    def read_into(view: memoryview) -> None:
-        while len(view):
-            n = os.readv(fd, [view])
-            if n == 0:
-                raise EOFError("the connection closed during a transfer")
-            view = view[n:]
-
-    header = bytearray(4)
-    read_into(memoryview(header))
-    size = int.from_bytes(header, "big", signed=True)
-    if size == -1:   # (multiprocessing's header for messages over 2 GB)
-        header = bytearray(8)
-        read_into(memoryview(header))
-        size = int.from_bytes(header, "big")
-    buf = bytearray(size)
-    read_into(memoryview(buf))
-    return buf
-
-
-def _sealed_file(buffers: list) -> tuple[int, list[tuple[int, int]]]:
-    """The buffers written one after another into an anonymous memory file (memfd: no name a candidate could open),
-    then sealed against any write, shrink or grow: (its descriptor, [(offset, size)] per buffer). Every candidate of
-    a task reads its own copy from it (_pread) instead of receiving ~1 GB through its pipe, and no candidate can
-    change what the next one is compared against (the seals hold for every descriptor, /proc/PID/fd reopens too)."""
-    fd = os.memfd_create("kz_trials", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    extents, offset = [], 0
-    try:
-        for buf in buffers:
-            view = memoryview(buf).cast("B")
-            extents.append((offset, len(view)))
-            while len(view):
-                n = os.pwrite(fd, view, offset)
-                view, offset = view[n:], offset + n
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW |
-                    fcntl.F_SEAL_SEAL)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, extents
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # Public API (parent side)
 
 def _default_device() -> str:
@@ -752,7 +282,7 @@ class _SharedReference:
                 self.made = True
                 reply = run(dict(job, kind="reference"))
                 if isinstance(reply, dict) and reply.get("error_kind") == "ok" and "pack" in reply:
-                    fd, extents = _sealed_file(reply["pack"]["buffers"])
+                    fd, extents = sealed_file(reply["pack"]["buffers"])
                     self.pack, self.held = {"meta": reply["pack"]["meta"], "fd": fd, "extents": extents}, \
                         reply["pack"]["meta"]["nbytes"]
                     if evaluator.memory is not None:
@@ -785,7 +315,7 @@ def _same_code_key(src: str | None) -> str | None:
 class Evaluator:
     """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
     fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
-    check correctness (at most `gpu_checkers` of them holding it at once), but each times alone (_Gate): fair timing,
+    check correctness (at most `gpu_checkers` of them holding it at once), but each times alone (Gate): fair timing,
     and process start-up, reference inputs, Triton JIT and profiling of one candidate overlap with the others'. On
     the CPU: `cpu_workers` candidates at once."""
 
@@ -822,14 +352,14 @@ class Evaluator:
 
     def _start_pools(self) -> None:
         threads = max(1, len(os.sched_getaffinity(0)) // self.cpu_workers)
-        cpu_env = _worker_env(self.device, self.backend, self.opts, "compile" if self.gpus else "run", threads=threads)
+        cpu_env = worker_env(self.device, self.backend, self.opts, "compile" if self.gpus else "run", threads=threads)
         if self.gpus and self.backend == "cuda" and "TORCH_CUDA_ARCH_LIST" not in cpu_env:
             major, minor = torch.cuda.get_device_capability(self.gpus[0])   # build for this GPU only
             cpu_env["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
         cpu_spare = self.cpu_workers if self.spare is None else self.spare
         if self.gpus and self.backend == "triton":   # Triton on a GPU has no CPU stage: boot no idle CPU workers
             cpu_spare = 0
-        self.pools = {"cpu": _Pool(cpu_env, cpu_spare)}
+        self.pools = {"cpu": Pool(cpu_env, cpu_spare)}
         host = self.opts["host_memory_gb"]
         gpu_bytes = {}
         for gpu in self.gpus:
@@ -838,10 +368,10 @@ class Evaluator:
                 own = torch.cuda.memory_reserved(gpu) if torch.cuda.is_initialized() else 0
                 budget = (0.85 * torch.cuda.get_device_properties(gpu).total_memory - own) / 2**30
             gpu_bytes[gpu] = budget * 2**30
-        self.memory = _Memory(host * 2**30 if host is not None else 0.7 * _host_available_bytes(), gpu_bytes)
+        self.memory = Memory(host * 2**30 if host is not None else 0.7 * host_available_bytes(), gpu_bytes)
         gpu_threads = max(1, len(os.sched_getaffinity(0)) // (self.gpu_workers * len(self.gpus) or 1))
         for gpu in self.gpus:
-            env = _worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads)
+            env = worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads)
             if self.backend == "triton":   # the zygote warms Triton's compiler up for this GPU (no driver there)
                 major, minor = torch.cuda.get_device_capability(gpu)
                 env["KZ_TRITON_ARCH"] = str(10 * major + minor)
@@ -849,8 +379,8 @@ class Evaluator:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
             # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),
             # and one spare per slot left candidates waiting for one. Each holds ~1 GB of host memory and a context.
-            self.pools[gpu] = _Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
-            self.gates[gpu] = _Gate(_gpu_lock_path(gpu), max_shared=self.gpu_checkers)
+            self.pools[gpu] = Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
+            self.gates[gpu] = Gate(gpu_lock_path(gpu), max_shared=self.gpu_checkers)
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 
@@ -858,8 +388,8 @@ class Evaluator:
         return _to_result(self._run_raw(pool, job))
 
     def _run_raw(self, pool: str | int, job: dict) -> dict:
-        return _run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
-                        pool if isinstance(pool, int) else None)
+        return run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
+                       pool if isinstance(pool, int) else None)
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
                       early: KernelResult | None = None, shared=None) -> KernelResult:
@@ -899,8 +429,8 @@ class Evaluator:
                 job = dict(job, pack={**{k: meta[k] for k in ("trials", "ref_mutates", "tensors", "details")},
                                       "extents": pack["extents"]},
                            pack_fd=pack["fd"],
-                           mem=_memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
-                                            stored=meta["nbytes"]))   # (received trials live on the host)
+                           mem=memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
+                                           stored=meta["nbytes"]))   # (received trials live on the host)
             return run(job)
         finally:
             shared.done(self.memory)
@@ -1014,7 +544,7 @@ class Evaluator:
 
         def one(i: int) -> dict:
             pool, job = pools[i % len(pools)], {"kind": "lint", "src": srcs[i], "device": self.device, "opts": self.opts}
-            return _lint_report(lambda: _run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
+            return _lint_report(lambda: run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
 
         with concurrent.futures.ThreadPoolExecutor(self.gpu_workers * len(self.gpus) or self.cpu_workers) as ex:
             return list(ex.map(one, range(len(srcs))))
@@ -1074,19 +604,19 @@ def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None,
     """Task quality rules for each source: loads, runs, deterministic, inputs <= 512 MB, not degenerate (zeros,
     constant, identity, input mean must fail the tolerance), eager >= 50 us on a GPU / <= 5 s on the CPU. Each task
     runs in its own worker process, `workers` at a time (default: the cores on the CPU, 4 on a GPU, where the eager
-    timing takes the GPU alone through a _Gate). Returns [{"ok", "problems", "eager_ms", "input_mb", ...}]."""
+    timing takes the GPU alone through a Gate). Returns [{"ok", "problems", "eager_ms", "input_mb", ...}]."""
     if device == "cuda" and not torch.cuda.is_available():
         return [{"ok": False, "problems": ["CUDA is not available"], "eager_ms": None, "input_mb": None}
                 for _ in srcs]
     options = dict(DEFAULTS, **opts)
     limits = {"startup": 300.0, "reference": float(opts.get("timeout", 120.0))}
-    env = _worker_env(device, "none", options, "run", gpu=0 if device == "cuda" else None)
+    env = worker_env(device, "none", options, "run", gpu=0 if device == "cuda" else None)
     workers = max(1, workers or (4 if device == "cuda" else len(os.sched_getaffinity(0))))
-    pool, gate = _Pool(env, min(workers, len(srcs) - 1)), _Gate(_gpu_lock_path(0)) if device == "cuda" else None
+    pool, gate = Pool(env, min(workers, len(srcs) - 1)), Gate(gpu_lock_path(0)) if device == "cuda" else None
 
     def one(src: str) -> dict:
-        return _lint_report(lambda: _run_job(pool.take(), {"kind": "lint", "src": src, "device": device,
-                                                           "opts": options}, limits, gate))
+        return _lint_report(lambda: run_job(pool.take(), {"kind": "lint", "src": src, "device": device,
+                                                          "opts": options}, limits, gate))
 
     try:
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:

@@ -1,21 +1,22 @@
 """harness_worker.py: the inside of eval_harness.py's worker processes, where a task's reference and a candidate run.
 
-Nothing here runs in the caller's process. The zygote (eval_harness._Zygote, booted by eval_harness._BOOT) imports
-this module once and calls _zygote_main; every worker is forked from that zygote, runs _worker_main and exactly one
-job, and is killed with its process group: "evaluate" (one candidate: the reference's trials, the instrumentation and
-the candidate's import, correctness trials, kernel coverage, timing; _job_evaluate), "reference" (a task's trials for
-its candidates to share), "compile" (GPU mode's CPU stage) and "lint" (the task quality rules). The parent side
-(pools, the GPU gate, memory admission, time limits, verdicts, the public API) and the pitfalls table that the checks
-here implement are in eval_harness.py's docstring.
+Nothing here runs in the caller's process. The zygote (harness_processes.Zygote, booted by harness_processes.BOOT)
+imports this module once and calls _zygote_main; every worker is forked from that zygote, runs _worker_main and
+exactly one job, and is killed with its process group: "evaluate" (one candidate: the reference's trials, the
+instrumentation and the candidate's import, correctness trials, kernel coverage, timing; _job_evaluate), "reference"
+(a task's trials for its candidates to share), "compile" (GPU mode's CPU stage) and "lint" (the task quality rules).
+The parent side is eval_harness.py (verdicts, the public API, and the pitfalls table that the checks here implement,
+in its docstring) and harness_processes.py (pools, the GPU gate, memory admission, time limits).
 
-Import direction: this module imports eval_harness (the options and tolerances it applies, and the few helpers both
-sides use: _truncate, _format_exception, _memory_need); eval_harness never imports this module, only names it in
-its zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
+Import direction: this module imports eval_harness (the options and tolerances it applies, _truncate,
+_format_exception) and harness_processes (memory_need); neither imports this module, harness_processes only names it
+in its zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
 baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
 
-A candidate runs in this module's process, so both modules are the harness to it: the static check bans importing
-either one and assigning into it (BANNED_IMPORTS, PROTECTED_ROOTS in static_checks.py), and _harness_snapshot covers
-the functions of both (_HARNESS_MODULES), checked after every candidate phase (pitfall 6).
+A candidate runs in this module's process, so all three modules are the harness to it: the static check bans
+importing any of them and assigning into it (BANNED_IMPORTS, PROTECTED_ROOTS in static_checks.py), and
+_harness_snapshot covers the functions of all three (_HARNESS_MODULES), checked after every candidate phase
+(pitfall 6).
 """
 from __future__ import annotations
 import ast
@@ -40,10 +41,12 @@ from multiprocessing.connection import Connection
 import torch
 
 import eval_harness
-from eval_harness import DEFAULTS, TOLERANCES, _format_exception, _memory_need, _truncate
+from eval_harness import DEFAULTS, TOLERANCES, _format_exception, _truncate
+import harness_processes
+from harness_processes import memory_need
 
 # The modules whose code runs in a worker once a candidate is imported: _harness_snapshot keeps their functions
-_HARNESS_MODULES = (eval_harness, sys.modules[__name__])
+_HARNESS_MODULES = (eval_harness, harness_processes, sys.modules[__name__])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -229,14 +232,14 @@ def _die_with_parent(parent: int) -> None:
 
 def _gpu_turn(conn: Connection, mode: str) -> None:
     """Ask the parent for this worker's GPU, "shared" (correctness checks) or "exclusive" (timing), and wait until it
-    is granted (see _Gate). Asked in CPU mode too, where it is granted at once."""
+    is granted (see harness_processes.Gate). Asked in CPU mode too, where it is granted at once."""
     conn.send(("gpu", mode))
     conn.recv()
 
 
 def _pass_turn(conn: Connection, device: str, mode: str = "shared") -> None:
     """Give this worker's shared GPU turn back (its kernels finished first) and ask for `mode` again ("none": not at
-    all): a timer waiting for the GPU gets it in between (writer-preferring _Gate)."""
+    all): a timer waiting for the GPU gets it in between (writer-preferring harness_processes.Gate)."""
     if device == "cuda":
         torch.cuda.synchronize()   # our kernels finish before another worker may time
     _gpu_turn(conn, mode)
@@ -390,7 +393,7 @@ def _input_bytes_on_meta(ref, opts: dict) -> int | None:
 
 
 def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
-    """Wait until the parent admits this job's memory (_Memory); granted at once without a budget."""
+    """Wait until the parent admits this job's memory (harness_processes.Memory); granted at once without a budget."""
     details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
     conn.send(("mem", host, device))
     conn.recv()
@@ -532,7 +535,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
 
 def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
-    Asks the parent for the memory this takes first (_memory_need), then for its GPU turn. Other candidates may
+    Asks the parent for the memory this takes first (memory_need), then for its GPU turn. Other candidates may
     check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
     inputs_on_device the inputs are made on the GPU inside the turn (milliseconds) and stay there
     (details["trials_on"]); on the host they are made before the turn (CPU work, seconds for a 256 MB task, and a
@@ -544,7 +547,7 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     ref = _load_module(job["ref_src"], "kz_reference")
     del sys.modules["kz_reference"]   # the candidate cannot find it by name
     per_input = None if mentions_cuda else _input_bytes_on_meta(ref, opts)   # (meta: no device may be named)
-    host_bytes, device_bytes = _memory_need(per_input, per_input, opts, device.type, on_device)
+    host_bytes, device_bytes = memory_need(per_input, per_input, opts, device.type, on_device)
     _ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)
@@ -703,7 +706,7 @@ class _Instrumentation:
     @contextlib.contextmanager
     def off_gpu(self):
         """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
-        the GPU then waits for other candidates' GPU work only, not for their compiles (writer-preferring _Gate)."""
+        the GPU then waits for other candidates' GPU work only, not for their compiles (writer-preferring Gate)."""
         if self.turn is None:   # (no shared turn held: e.g. the GPU held alone, keep it)
             yield
             return

@@ -13,7 +13,9 @@ How this departs from a plain transformers + TRL setup:
    sampler's own.
 3. `TokenLogprobs` computes log_softmax(logits / t).gather(ids) with a hand-written backward that keeps no fp32
    vocabulary-sized tensor, and `sequence_logprobs` can run lm_head in checkpointed chunks: memory, not maths (the
-   same values and gradients up to float rounding).
+   same values and gradients up to float rounding). Its forward gets a mask in which a left-pad query attends to
+   every key instead of none (`padded_causal_mask`): transformers 5 leaves such rows empty, and some CUDA attention
+   kernels return NaN for them, which then reaches every gradient.
 4. Every generate call of a phase sees one shape (prompts padded to a bucket, completions to max_new_tokens, a short
    last batch padded), so the compiled decode step compiles once.
 5. Generation and verification overlap: CUDA builds, worker start-up and input generation hide behind the next

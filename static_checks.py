@@ -25,7 +25,8 @@ BANNED_IMPORTS = {  # module root -> check name
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
     "multiprocessing": "processes", "subprocess": "processes", "ctypes": "ctypes", "cffi": "ctypes",
     "inspect": "introspection", "importlib": "dynamic_code", "builtins": "monkeypatch",
-    "eval_harness": "monkeypatch", "harness_worker": "monkeypatch", "static_checks": "monkeypatch",   # the harness
+    "eval_harness": "monkeypatch", "harness_processes": "monkeypatch", "harness_worker": "monkeypatch",   # the harness
+    "static_checks": "monkeypatch",
     "gc": "introspection",   # gc reaches every live object, the harness's stored reference outputs among them
     "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
     "torch.utils._python_dispatch": "torch_function", "torch._dynamo": "torch_compile", "torch._inductor": "torch_compile",
@@ -51,8 +52,8 @@ BANNED_ATTRS = {  # attribute names, whatever object they hang off
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
               "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
-PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "harness_worker", "static_checks", "triton",
-                   "numpy", "math", "gc"}
+PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "harness_processes", "harness_worker",
+                   "static_checks", "triton", "numpy", "math", "gc"}
 DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
 STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
 

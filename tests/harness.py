@@ -1,6 +1,6 @@
-"""Tests for eval_harness.py and harness_worker.py: known-good candidates, one adversarial candidate per pitfall row
-(the table in eval_harness.py's docstring; CASES in tests/common.py), isolation (timeouts, crashes, no processes
-left), CLI, lint.
+"""Tests for the harness (eval_harness.py, harness_processes.py, harness_worker.py): known-good candidates, one
+adversarial candidate per pitfall row (the table in eval_harness.py's docstring; CASES in tests/common.py), isolation
+(timeouts, crashes, no processes left), the GPU gate, CLI, lint.
 
 CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
 per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import eval_harness as eh
+import harness_processes as hp
 import harness_worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
                           GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_TASK, ROOT, SEGFAULT,
@@ -133,6 +134,7 @@ def test_harness_static_check_sources():
                        ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
                        ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
                        ("import harness_worker", "monkeypatch"), ("from harness_worker import _compare", "monkeypatch"),
+                       ("from harness_processes import run_job", "monkeypatch"),
                        ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
                        ("import sys\nsys.settrace(None)", "introspection"),
                        ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
@@ -191,19 +193,21 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
         cpp.load_inline = original
 
 
-def test_harness_snapshot_covers_both_harness_modules():
-    """The harness runs in a candidate's process as two modules (eval_harness.py, harness_worker.py): the identity
-    snapshot holds the functions of both, and the bindings harness_worker imported from eval_harness, so a patch of
-    any of them reads as monkeypatch (pitfall 6). CASES' patch_worker_* rows do it from a candidate."""
+def test_harness_snapshot_covers_every_harness_module():
+    """The harness runs in a candidate's process as three modules (eval_harness.py, harness_processes.py,
+    harness_worker.py): the identity snapshot holds the functions of all three, and the bindings harness_worker
+    imported from the others, so a patch of any of them reads as monkeypatch (pitfall 6). CASES' patch_worker_* rows
+    do it from a candidate."""
     assert eh._precheck(CASES["patch_worker_runtime"][1], "triton") is None   # only the snapshot can see that one
     assert eh._precheck(CASES["patch_worker_static"][1], "triton").details["check"] == "monkeypatch"
     instr = hw._Instrumentation("none", "cpu", "kz_candidate")
     for key in ("harness_worker._compare", "harness_worker._job_evaluate", "harness_worker._Instrumentation",
-                "harness_worker._truncate", "eval_harness._truncate", "eval_harness._run_job"):
+                "harness_worker._truncate", "harness_worker.memory_need", "eval_harness._truncate",
+                "harness_processes.run_job", "harness_processes.memory_need"):
         assert key in instr.snapshot, key
     assert instr.verify() is None
     for module, name in ((hw, "_compare"), (hw, "_job_evaluate"), (hw, "_truncate"), (eh, "_truncate"),
-                         (eh, "_result")):
+                         (eh, "_result"), (hp, "memory_need")):
         original = getattr(module, name)
         setattr(module, name, lambda *a, **k: None)
         try:
@@ -362,15 +366,15 @@ def test_harness_evaluator_lint_reuses_its_workers(monkeypatch):
     srcs = [RELU_TASK, RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), "x = 1\n"]
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
         pools = []
-        monkeypatch.setattr(eh, "_Pool", lambda *a, **k: pools.append(a) or pytest.fail("a new pool was started"))
+        monkeypatch.setattr(eh, "Pool", lambda *a, **k: pools.append(a) or pytest.fail("a new pool was started"))
         reports = ev.lint(srcs)
     assert [r["ok"] for r in reports] == [True, False, False] and pools == []
     assert any("identity" in p for p in reports[1]["problems"]) and "missing Model" in reports[2]["problems"][0]
 
 
 def test_harness_gate_timing_is_exclusive_and_not_starved():
-    """_Gate: shared holders overlap; an exclusive holder runs alone; a waiting timer blocks new shared holders."""
-    gate, events = eh._Gate(), []
+    """Gate: shared holders overlap; an exclusive holder runs alone; a waiting timer blocks new shared holders."""
+    gate, events = hp.Gate(), []
     gate.acquire("shared")
     gate.acquire("shared")   # two correctness checks at once
 
@@ -402,9 +406,9 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
 
 
 def test_harness_gate_caps_its_shared_holders():
-    """_Gate(max_shared=2) (Evaluator's gpu_checkers): a third shared holder waits until one of two leaves; a timer
+    """Gate(max_shared=2) (Evaluator's gpu_checkers): a third shared holder waits until one of two leaves; a timer
     still gets the GPU alone after them; Evaluator refuses gpu_checkers < 1."""
-    gate, events = eh._Gate(max_shared=2), []
+    gate, events = hp.Gate(max_shared=2), []
     gate.acquire("shared")
     gate.acquire("shared")
 
@@ -436,8 +440,8 @@ def test_harness_gate_holds_across_processes(tmp_path):
     path = str(tmp_path / "gpu-test.lock")
     holder = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
-        import eval_harness as eh
-        gate = eh._Gate({path!r})
+        import harness_processes as hp
+        gate = hp.Gate({path!r})
         fd = gate.acquire("shared")
         print("held", flush=True)
         sys.stdin.readline()
@@ -452,7 +456,7 @@ def test_harness_gate_holds_across_processes(tmp_path):
         return proc, lines
     a, a_lines = start()
     assert a_lines.get(timeout=120) == "held"   # process A checks correctness
-    gate, events, timer_fd = eh._Gate(path), [], []
+    gate, events, timer_fd = hp.Gate(path), [], []
 
     def timer():
         timer_fd.append(gate.acquire("exclusive"))
@@ -481,7 +485,7 @@ def test_harness_holding_gpus_keeps_candidates_off_the_gpu_until_the_block_ends(
     """Evaluator.holding_gpus: the caller's own GPU work (the trainer generating) holds the GPU alone, so no candidate
     is checked or timed meanwhile; it waits for a candidate already on the GPU; on the CPU it is a no-op."""
     ev = eh.Evaluator(backend="triton", device="cpu", progress=False)
-    gate = eh._Gate()
+    gate = hp.Gate()
     ev.pools, ev.gates = {}, {0: gate}   # as if started on one GPU
     events, entered = [], threading.Event()
 
@@ -522,16 +526,16 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
         marker = tmp_path / f"marker{uuid.uuid4().hex}"
         ref_src = ref_src.replace("return [torch.randn(N)]", f"open({str(marker)!r}, 'a').close()\n    "
                                   "return [torch.randn(N)]")
-        gate, asked, acquire = eh._Gate(), threading.Event(), eh._Gate.acquire
+        gate, asked, acquire = hp.Gate(), threading.Event(), hp.Gate.acquire
         gate.acquire("exclusive")   # another candidate is timing
         gate.acquire = lambda mode: (asked.set(), acquire(gate, mode))[1]   # notes when the worker asks for its turn
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": GOOD_RELU, "backend": "triton", "device": "cpu",
                "opts": eh.DEFAULTS}
         limits = {"startup": 300.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
-        zygote = eh._Zygote(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
-        worker = eh._Worker(zygote)
+        zygote = hp.Zygote(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        worker = hp.Worker(zygote)
         box = {}
-        thread = threading.Thread(target=lambda: box.update(r=eh._run_job(worker, job, limits, gate)), daemon=True)
+        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, job, limits, gate)), daemon=True)
         thread.start()
         try:
             assert asked.wait(120), "the worker never asked for a GPU turn"
@@ -745,7 +749,7 @@ def test_harness_gpu_gate_lock_file_names_the_gpu(tmp_path, monkeypatch):
     """The machine-wide timing gate's lock file is named by the GPU's UUID (processes with different
     CUDA_VISIBLE_DEVICES agree) and every Evaluator on that GPU uses it."""
     monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))
-    path = eh._gpu_lock_path(0)
+    path = hp.gpu_lock_path(0)
     assert path and os.path.exists(path) and os.path.exists(path + ".turnstile")
     assert str(torch.cuda.get_device_properties(0).uuid) in path
     ev = eh.Evaluator(backend="triton", device="cuda", progress=False)

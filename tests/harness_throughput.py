@@ -1,10 +1,12 @@
 """Tests: harness throughput: a task's reference work shared by its candidates, memory admission, the bounded output
 tail of a worker, trial inputs made on the GPU, the trainer's shorter timing, workers booted ahead."""
 import os
+import sys
 import threading
 import time
 
 import eval_harness as eh
+import harness_processes as hp
 import harness_worker as hw
 
 
@@ -86,8 +88,8 @@ class ModelNew(nn.Module):
 
 
 def test_harness_memory_admission_waits_and_never_deadlocks():
-    """_Memory admits a job when its bytes fit, or alone when nothing else runs (a job larger than the budget)."""
-    mem = eh._Memory(100, {0: 50})
+    """Memory admits a job when its bytes fit, or alone when nothing else runs (a job larger than the budget)."""
+    mem = hp.Memory(100, {0: 50})
     a = mem.acquire({"host": 60, 0: 10})
     got = []
     waiter = threading.Thread(target=lambda: got.append(mem.acquire({"host": 60})))
@@ -126,7 +128,7 @@ def test_harness_memory_estimate_from_meta_inputs():
             return [eh.torch.randn(4096, 393216), 3]   # 6.4 GB, never allocated
     per_input = hw._input_bytes_on_meta(Ref, eh.DEFAULTS)
     assert per_input == 4096 * 393216 * 4
-    host, device = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
+    host, device = hp.memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
     assert host >= 4 * per_input and device >= 4 * per_input   # one trial + the heavy one, inputs and outputs
 
 
@@ -147,16 +149,16 @@ def test_harness_loud_candidate_keeps_its_verdict_and_the_tail_of_its_output():
 def test_harness_worker_output_tail_is_bounded():
     """The drain keeps the last TAIL_BYTES of what a worker prints and counts the rest."""
     import collections
-    worker = object.__new__(eh._Worker)
+    worker = object.__new__(hp.Worker)
     worker.tail, worker.output_bytes = collections.deque(), 0
     r, w = os.pipe()
-    total = 50 * eh._Worker.TAIL_BYTES
+    total = 50 * hp.Worker.TAIL_BYTES
     writer = threading.Thread(target=lambda: (os.write(w, b"x" * (total - 4) + b"END!"), os.close(w)))
     writer.start()
     worker._drain(os.fdopen(r, "rb"))
     writer.join()
     kept = sum(len(chunk) for chunk in worker.tail)
-    assert worker.output_bytes == total and eh._Worker.TAIL_BYTES <= kept < eh._Worker.TAIL_BYTES + 65536
+    assert worker.output_bytes == total and hp.Worker.TAIL_BYTES <= kept < hp.Worker.TAIL_BYTES + 65536
     worker.drain = threading.Thread(target=lambda: None)
     worker.drain.start()
     assert worker.log_tail(6) == "xx" + "END!"
@@ -201,8 +203,8 @@ def test_harness_trial_inputs_made_under_the_device_context():
     assert "generator" in details["inputs_on_device_failed"]
     assert eh.DEFAULTS["inputs_on_device"]   # (on a GPU; CPU evaluations make their inputs on the host as before)
     per_input = 64 * 2**20
-    host_made = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
-    gpu_made = eh._memory_need(per_input, per_input, eh.DEFAULTS, "cuda", inputs_on_device=True)
+    host_made = hp.memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
+    gpu_made = hp.memory_need(per_input, per_input, eh.DEFAULTS, "cuda", inputs_on_device=True)
     assert gpu_made[0] < host_made[0] and gpu_made[1] > host_made[1]   # stored inputs counted where they live
     assert sum(gpu_made) == sum(host_made)
 
@@ -297,14 +299,15 @@ def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys)
 
 
 def test_harness_bench_baseline_directory_runs_its_own_files(tmp_path):
-    """--round-baseline DIR with a split harness in DIR: both sides run DIR's files. The parent module is DIR's
-    eval_harness.py (loaded under its own name, and it never imports the worker side); its workers boot from DIR, so
-    they import DIR's harness_worker.py and, through it, DIR's eval_harness.py (the copy here records both)."""
+    """--round-baseline DIR with a split harness in DIR: both sides run DIR's files. The parent modules are DIR's
+    eval_harness.py and harness_processes.py (loaded under their own names; they never import the worker side); the
+    workers boot from DIR, so they import DIR's harness_worker.py and, through it, DIR's eval_harness.py (the copy
+    here records both). This checkout's modules stay as they were."""
     import glob
     import shutil
     import bench
     t = _t()
-    for name in ("eval_harness.py", "harness_worker.py"):
+    for name in ("eval_harness.py", "harness_processes.py", "harness_worker.py"):
         shutil.copy(os.path.join(t.ROOT, name), tmp_path / name)
     os.symlink(os.path.join(t.ROOT, "cuda_ext"), tmp_path / "cuda_ext")
     with open(tmp_path / "harness_worker.py", "a") as f:   # each process that imports it leaves a note where from
@@ -312,6 +315,8 @@ def test_harness_bench_baseline_directory_runs_its_own_files(tmp_path):
                 "'w') as _f:\n    _f.write(eval_harness.__file__)\n")
     module = bench._harness_module(str(tmp_path))
     assert module is not eh and os.path.dirname(os.path.abspath(module.__file__)) == str(tmp_path)
+    assert module.run_job is not hp.run_job and os.path.dirname(module.run_job.__code__.co_filename) == str(tmp_path)
+    assert sys.modules["harness_processes"] is hp and eh.run_job is hp.run_job   # (this checkout's, untouched)
     assert "harness_worker" not in vars(module) and not glob.glob(str(tmp_path / "imported-*"))
     result = module.evaluate(t.RELU_TASK, t.GOOD_RELU, backend="triton", device="cpu", trials=1)
     assert result.error_kind == "ok", (result.error, result.details)
@@ -574,7 +579,7 @@ def _good_relu_verdict(worker) -> str:
     t = _t()
     job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
            "opts": eh.DEFAULTS}
-    return eh._run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
+    return hp.run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
 
 
 def _stat(pid: int) -> list[str]:
@@ -586,7 +591,7 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
     """Every worker is a new child of its pool's zygote, leads its own session (the kill reaches its group), runs
     one job, and its exit code comes back through the zygote (a kill reads as -SIGKILL)."""
     import signal
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
     try:
         a, b = pool.take(), pool.take()
         assert a.pid != b.pid and pool.zygote.alive()
@@ -597,7 +602,7 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
             state = _stat(worker.pid)
             assert int(state[1]) == pool.zygote.proc.pid, state   # forked by the zygote, not spawned by us
             assert int(state[3]) == worker.pid and int(state[2]) == worker.pid   # its own session and group
-        assert _good_relu_verdict(a) == "ok"   # (_run_job kills it afterwards)
+        assert _good_relu_verdict(a) == "ok"   # (run_job kills it afterwards)
         b.kill()   # (returns at once; the zygote reaps it at its next request)
         assert b.exit_code(timeout=5) == -signal.SIGKILL
         assert not os.path.exists(f"/proc/{b.pid}")   # reaped: no zombie left
@@ -610,9 +615,9 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
 def test_harness_worker_exit_code_through_the_zygote():
     """A worker killed by a signal reports that signal, read by its zygote (the worker is not our child)."""
     import signal
-    zygote = eh._Zygote(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+    zygote = hp.Zygote(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"))
     try:
-        worker = eh._Worker(zygote)
+        worker = hp.Worker(zygote)
         assert worker.conn.poll(120) and worker.conn.recv()[0] == "ready"
         os.kill(worker.pid, signal.SIGSEGV)
         assert worker.exit_code(timeout=30) == -signal.SIGSEGV
@@ -624,7 +629,7 @@ def test_harness_worker_exit_code_through_the_zygote():
 def test_harness_pool_restarts_a_dead_zygote():
     """A zygote that died (killed for memory, say) takes its idle workers with it; the next take() starts a new
     zygote, drops the dead idle workers, and its worker runs the job."""
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=1)
+    pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=1)
     try:
         pool.fill()
         first = pool.zygote
@@ -664,8 +669,8 @@ def test_harness_zygote_imports_touch_no_driver_and_start_no_thread():
 def test_harness_zygote_with_the_compiler_warm_up_still_runs_candidates():
     """A CPU-mode pool whose zygote also warmed the Triton compiler up for a GPU: its forked workers still run
     candidates (the warm-up left the zygote safe to fork)."""
-    env = dict(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), KZ_TRITON_ARCH="90")
-    pool = eh._Pool(env, spare=0)
+    env = dict(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), KZ_TRITON_ARCH="90")
+    pool = hp.Pool(env, spare=0)
     try:
         assert _good_relu_verdict(pool.take()) == "ok"
     finally:
@@ -676,12 +681,12 @@ def _timer_during(ref_src: str, cand_src: str, calls) -> tuple[dict, int, int]:
     """Evaluate one candidate on a CPU worker behind a gate; once the file `calls` exists (a slow forward has begun
     and holds the shared turn), a timer asks for the gate alone. Returns (the worker's reply, how many forwards had
     written to `calls` when the timer got the gate, how many in all)."""
-    gate, box = eh._Gate(), {}
+    gate, box = hp.Gate(), {}
     job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": "triton", "device": "cpu",
            "opts": dict(eh.DEFAULTS, timing=False)}
     limits = {"startup": 120.0, "reference": 120.0, "compile": 60.0, "run": 120.0}
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
-    worker = threading.Thread(target=lambda: box.update(r=eh._run_job(pool.take(), job, limits, gate)), daemon=True)
+    pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    worker = threading.Thread(target=lambda: box.update(r=hp.run_job(pool.take(), job, limits, gate)), daemon=True)
 
     def timer():
         while not calls.exists():
@@ -736,7 +741,7 @@ def test_harness_worker_threads_follow_the_pool():
     """A pool's `threads` reaches torch in its workers (OMP_NUM_THREADS, set before the zygote imports torch), on a
     GPU's pools too: 8 workers per GPU each starting one CPU thread per core would oversubscribe the machine."""
     t = _t()
-    assert eh._worker_env("cuda", "triton", eh.DEFAULTS, "run", gpu=0, threads=2)["OMP_NUM_THREADS"] == "2"
+    assert hp.worker_env("cuda", "triton", eh.DEFAULTS, "run", gpu=0, threads=2)["OMP_NUM_THREADS"] == "2"
     task = t.RELU_TASK.replace("        return torch.relu(x)", "        assert torch.get_num_threads() == 1, "
                                                                "torch.get_num_threads()\n        return torch.relu(x)")
     job = {"kind": "evaluate", "ref_src": task, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
@@ -744,9 +749,9 @@ def test_harness_worker_threads_follow_the_pool():
     limits = {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}
     kinds = {}
     for threads in (1, 2):   # (torch takes at most one thread per core: this box has at least 2, CI's has 2)
-        pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run", threads=threads), spare=0)
+        pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run", threads=threads), spare=0)
         try:
-            reply = eh._run_job(pool.take(), job, limits)
+            reply = hp.run_job(pool.take(), job, limits)
         finally:
             pool.close()
         kinds[threads] = (reply["error_kind"], reply.get("error", "")[:200])
@@ -980,8 +985,8 @@ def test_harness_compare_verdicts_messages_and_error_stats():
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
     """The zygote's answer to a fork request never comes (it died meanwhile): the pool starts a new zygote and the
     worker it forks runs the job; nothing reaches map() as an exception."""
-    pool = eh._Pool(eh._worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
-    ask = eh._Zygote.ask
+    pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    ask = hp.Zygote.ask
     died = []
 
     def dying(zygote, *request, **kwargs):
@@ -990,7 +995,7 @@ def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
             zygote.proc.kill()
             zygote.proc.wait()
         return ask(zygote, *request, **kwargs)
-    monkeypatch.setattr(eh._Zygote, "ask", dying)
+    monkeypatch.setattr(hp.Zygote, "ask", dying)
     try:
         worker = pool.take()
         assert died and pool.zygote is not died[0] and pool.zygote.alive()
@@ -1007,9 +1012,9 @@ def test_harness_a_zygote_that_cannot_start_is_a_clear_error(tmp_path, monkeypat
     import pytest
     # a private temp dir: other harness runs on this machine create and remove kz_worker_* dirs of their own
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    env = eh._worker_env("cpu", "triton", eh.DEFAULTS, "run")
+    env = hp.worker_env("cpu", "triton", eh.DEFAULTS, "run")
     del env["KZ_BACKEND"]
-    pool = eh._Pool(env, spare=0)
+    pool = hp.Pool(env, spare=0)
     try:
         with pytest.raises(RuntimeError, match="zygote exited with code 1"):
             pool.take()
@@ -1024,7 +1029,7 @@ def test_harness_shared_trials_file_is_sealed():
     own copy; nobody (a reopen through /proc included) can change it, grow it or shrink it."""
     import pytest
     a, b = bytes(range(256)) * 3, b"\x07" * 1000
-    fd, extents = eh._sealed_file([a, memoryview(b)])
+    fd, extents = hp.sealed_file([a, memoryview(b)])
     try:
         assert extents == [(0, len(a)), (len(a), len(b))]
         assert [bytes(hw._pread(fd, *e)) for e in extents] == [a, b]
