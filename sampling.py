@@ -412,8 +412,10 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     """
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
     targets = input_ids[:, -n_completion:]
-    if getattr(model.config, "_attn_implementation", None) in BOOL_MASK_ATTENTIONS:
-        attention_mask = padded_causal_mask(attention_mask)   # (B, 1, L, L): no query row without a key
+    if getattr(model.config, "_attn_implementation", None) in BOOL_MASK_ATTENTIONS and not attention_mask.all():
+        # (B, 1, L, L): no query row without a key. (Without padding transformers passes no mask at all, and SDPA
+        # can take its causal fast path: left as it is.)
+        attention_mask = padded_causal_mask(attention_mask)
     if chunk <= 0 or chunk >= n_completion or any(getattr(model.config, k, None) for k in LOGIT_POSTPROCESSING):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
                        logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
