@@ -121,7 +121,7 @@ class Config:
     #                                  model's failing answers to a task replace its synthetic wrong and failing
     #                                  candidates (a real mix of errors), where the files have some
     round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and its harness_worker.py
-    #                                  if it has one, and cuda_ext/) to run on
+    #                                  and harness_processes.py where it has them, and cuda_ext/) to run on
     #                                  the same batch in the same call; "" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it; "none": no baseline run
     round_baseline_first: bool = False  # (e) run the baseline before the variants (run a round both ways to see

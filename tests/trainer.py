@@ -773,6 +773,35 @@ def test_trainer_gpu_static_cache_rollout_and_update():
     assert b2["old_logprobs"].shape == (8, 64)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kernel", ["EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"])
+def test_trainer_gpu_logprobs_finite_on_rows_that_are_mostly_padding(kernel):
+    """The update batch of the static-cache test above has rows that are mostly left padding (a short Proposer prompt
+    beside a long Coder prompt). Under each SDPA kernel and bf16 autocast, as the update runs: sequence_logprobs and
+    every gradient are finite, and the padded row's log-probs are those of the same row alone (bf16 tolerance)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    model, tok = _trainer_gqa_model()
+    model.cuda().train()
+    enc = tok(["hi", "x" * 400], return_tensors="pt", padding=True)   # row 0: 400 pad tokens, then 2 real ones
+    completion = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    ids = torch.cat([enc.input_ids, completion], 1).cuda()
+    mask = torch.cat([enc.attention_mask, torch.ones_like(completion)], 1).cuda()
+    real = mask[0].bool()
+    try:
+        with sdpa_kernel(getattr(SDPBackend, kernel)), sampling.autocast(ids.device):
+            lp = kz.sequence_logprobs(model, ids, mask, 16, 1.0)
+            alone = kz.sequence_logprobs(model, ids[:1, real], mask[:1, real], 16, 1.0)
+        lp.sum().backward()
+    except RuntimeError as e:
+        if "No available kernel" in str(e):
+            pytest.skip(f"{kernel} does not run this shape here: {e}")
+        raise
+    assert torch.isfinite(lp).all(), lp
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert torch.allclose(lp[0], alone[0], atol=0.05), (lp[0] - alone[0]).abs().max()
+
+
 def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
     from kernelbench_tasks.synth import generate_pairs
     pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
