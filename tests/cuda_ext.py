@@ -12,8 +12,6 @@ import types
 import pytest
 import torch
 
-import bench
-import eval_harness
 from cuda_ext import build
 from tests.common import ROOT
 
