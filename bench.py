@@ -874,16 +874,17 @@ def bench_round(cfg: Config, tag: str) -> None:
         cpu, stop = [], threading.Event()   # the host's busy fraction each second of the run
         sampler = threading.Thread(target=sample_host_cpu, args=(cpu, stop), daemon=True)
         sampler.start()
+        t0 = time.perf_counter()
         with module.Evaluator(backend=cfg.round_backend, progress=False,
                               **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
             warm_s = 0.0
             if cfg.round_warm:   # a round before this one: other candidates (their own tags), not timed
                 warm = round_candidates(f"{tag}-warm{run}", cfg.round_tasks, cfg.round_samples, failures,
                                         cfg.round_backend)[:cfg.round_warm]
-                t0 = time.perf_counter()
                 ev.map([(r, c) for r, c, _ in warm])
                 warm_s = time.perf_counter() - t0
-            t0 = t1 = time.perf_counter()   # (a cold Evaluator boots its workers from here on, in the background)
+                t0 = time.perf_counter()   # the Evaluator's start and the warm-up are not this round's time
+            t1 = time.perf_counter()   # (a cold Evaluator boots its workers from here on, in the background)
             results = ev.map([(r, c) for r, c, _ in pairs])
             map_s = time.perf_counter() - t1
         wall = time.perf_counter() - t0

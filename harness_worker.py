@@ -706,7 +706,8 @@ class _Instrumentation:
     @contextlib.contextmanager
     def off_gpu(self):
         """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
-        the GPU then waits for other candidates' GPU work only, not for their compiles (writer-preferring Gate)."""
+        the GPU then waits for other candidates' GPU work only, not for their compiles (the writer-preferring
+        harness_processes.Gate)."""
         if self.turn is None:   # (no shared turn held: e.g. the GPU held alone, keep it)
             yield
             return
