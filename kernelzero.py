@@ -101,6 +101,10 @@ class Config:
     proposer_model: str = "qwen-coder-0.5b"  # same choices as coder_model
     gradient_checkpointing: bool = False  # trade compute for activation memory during updates
     offload_idle: bool = False  # keep the model that is not working (and its AdamW state) in CPU memory (7B on one GPU)
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank on every linear layer of the decoder blocks, in SFT and
+    #                     RL, instead of all weights (sampling.add_lora); take learning rates ~10x full fine-tuning's.
+    #                     A checkpoint is then the adapters alone (tens of MB), so a run resumes on another machine
+    lora_alpha: float = 32.0  # LoRA's scale is lora_alpha / lora_rank
     # generation
     temperature: float = 1.0  # sampling temperature; log-probs divide the logits by it too (0: greedy decoding)
     max_new_tokens: int = 1024  # fixed completion budget (static shapes); longer answers are truncated -> format
@@ -264,10 +268,12 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
 
 
 def sft_warm_start(cfg, device, harness_device):
-    """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet."""
-    out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}")
+    """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet. With LoRA each
+    path holds the merged model and the adapter (adapter.pt), which the loop goes on training."""
+    lora = f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""
+    out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}{lora}")
     paths = os.path.join(out, "coder"), os.path.join(out, "proposer")
-    if all(os.path.exists(os.path.join(p, "config.json")) for p in paths):
+    if all(os.path.exists(os.path.join(p, "adapter.pt" if lora else "config.json")) for p in paths):
         say(f"SFT warm start: using the checkpoint in {out}")
         return paths
     data = cfg.sft_data or os.path.join("runs", f"sft_data_{cfg.backend}", "pairs.jsonl")
@@ -741,11 +747,9 @@ def main(cfg):
     say(plan(cfg, device), flush=True)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    coder_src, proposer_src = cfg.coder_model, cfg.proposer_model
-    if cfg.sft:
-        coder_src, proposer_src = sft_warm_start(cfg, device, harness_device)
-    coder = make_policy(coder_src, cfg, cfg.lr, device)
-    proposer = make_policy(proposer_src, cfg, cfg.proposer_lr, device)
+    sft_paths = sft_warm_start(cfg, device, harness_device) if cfg.sft else (None, None)
+    coder = make_policy(cfg.coder_model, cfg, cfg.lr, device, sft_path=sft_paths[0])
+    proposer = make_policy(cfg.proposer_model, cfg, cfg.proposer_lr, device, sft_path=sft_paths[1])
     metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
     if resuming:
         state = load_checkpoint(cfg.run_dir, coder, proposer)
@@ -843,6 +847,7 @@ RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_token
           "pool_size": (1, None), "seed_pool": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
           "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
           "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
+          "lora_rank": (0, None), "lora_alpha": (ABOVE_0, None),
           "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
           "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
           "eval_workers": (0, None), "eval_every": (0, None), "eval_max_tasks": (0, None), "eval_samples": (1, None),

@@ -26,33 +26,56 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from sampling import barrier, rank, refresh_sampler
+from sampling import adapters, barrier, check_keys, merged_state_dict, rank, refresh_sampler, trained_names
 
 # -----------------------------------------------------------------------------
 # Files: models, state dicts, JSON lines
 
 
 def save_pretrained_atomic(policy, path):
-    """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0."""
-    weights = full_state(policy)[0] if dist.is_initialized() else None   # (FSDP2: every rank helps gather)
+    """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0. With LoRA
+    the adapters are merged into the weights, and path/adapter.pt keeps them alone (a run with --sft and --lora-rank
+    goes on training them)."""
+    lora = adapters(policy.model)
+    weights = full_state(policy)[0] if dist.is_initialized() else policy.model.state_dict()   # (FSDP2: all ranks)
     if rank() == 0:
         tmp = path + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp, state_dict=weights)
+        if lora:
+            m = next(iter(lora.values()))
+            plain = plain_model(policy.model)
+            plain.load_state_dict(merged_state_dict(weights, m.scale))
+            plain.save_pretrained(tmp)
+            torch.save({"base": policy.source, "lora_rank": m.rank, "lora_alpha": m.alpha,
+                        "state": {k: weights[k].detach().cpu() for k in trained_names(policy.model)}},
+                       os.path.join(tmp, "adapter.pt"))
+        else:
+            policy.model.save_pretrained(tmp, state_dict=weights)
         policy.tok.save_pretrained(tmp)
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     barrier()
 
 
-def full_state(policy):
+def plain_model(model):
+    """A fresh model of the same architecture and config, without adapters, in fp32 on the CPU (its weights random
+    until loaded)."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+
+
+def full_state(policy, trained_only=False):
     """(model, AdamW) state dicts, whole, on the CPU, keyed by parameter name (torch.distributed.checkpoint's
-    state_dict API): the same files from any number of ranks, so a run resumes on any world size. Under torchrun
-    rank 0 gets them (the others an empty dict)."""
+    state_dict API): the same files from any number of ranks, so a run resumes on any world size. trained_only
+    leaves the frozen weights out (with LoRA: all but the adapters). Under torchrun rank 0 gets them (the others an
+    empty dict)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return (get_model_state_dict(policy.model, options=whole),
-            get_optimizer_state_dict(policy.model, policy.opt, options=whole))
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only)
+    model = get_model_state_dict(policy.model, options=whole)
+    if trained_only:   # (the API keeps a frozen tied lm_head.weight: it only knows parameters by their first name)
+        trained = set(trained_names(policy.model))
+        model = {k: v for k, v in model.items() if k in trained}
+    return model, get_optimizer_state_dict(policy.model, policy.opt, options=whole)
 
 
 def write_jsonl(path, rows):
@@ -72,7 +95,8 @@ def save_checkpoint(run_dir, coder, proposer, state):
     """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones. The
     state dicts are whole (full_state) and rank 0 writes them: a run resumes on any number of ranks."""
     name = f"ckpt_{state['round']:05d}"
-    weights = {role: full_state(pol) for role, pol in (("coder", coder), ("proposer", proposer))}   # (all ranks)
+    # (all ranks gather; with LoRA the frozen base is not saved: a checkpoint is the adapters and their AdamW state)
+    weights = {role: full_state(pol, trained_only=True) for role, pol in (("coder", coder), ("proposer", proposer))}
     if rank() == 0:
         tmp, final = os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -97,11 +121,12 @@ def load_checkpoint(run_dir, coder, proposer):
     """The latest checkpoint into both policies (each rank reads the whole file and keeps its shard); the loop's
     state."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-    whole = StateDictOptions(full_state_dict=True)
+    whole = StateDictOptions(full_state_dict=True, strict=False)   # (check_keys is strict, with a clear message)
     with open(os.path.join(run_dir, "latest")) as f:
         path = os.path.join(run_dir, f.read().strip())
     for role, pol in (("coder", coder), ("proposer", proposer)):
         ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location="cpu")
+        check_keys(ckpt["model"], pol.model, f"the {role} weights in {path}")
         set_model_state_dict(pol.model, ckpt["model"], options=whole)
         set_optimizer_state_dict(pol.model, pol.opt, ckpt["opt"], options=whole)
         refresh_sampler(pol)

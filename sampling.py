@@ -156,44 +156,142 @@ def harness_device_for(cfg, device):
 # Policies
 # A policy is the trained fp32 model with its AdamW state, plus (on a GPU) a bf16 copy that samples: fp32
 # master weights keep small updates from rounding away, the bf16 sampler keeps static-cache decoding fast and simple.
+# With cfg.lora_rank > 0 the trained weights are LoRA adapters on a frozen model (below).
 
 
 @dataclass
 class Policy:
     model: torch.nn.Module  # trained weights (fp32)
     tok: object  # its tokenizer (left padding)
-    opt: torch.optim.Optimizer  # AdamW over model's parameters
+    opt: torch.optim.Optimizer  # AdamW over model's trained parameters (all of them, or the LoRA adapters)
     sampler: torch.nn.Module  # generates: a bf16 copy on a GPU, the model itself on a CPU (a copy under torchrun)
     ref: torch.nn.Module | None  # frozen initial weights for the k3 KL penalty, only when kl_coef > 0
+    source: str = ""  # the model it was loaded from (a LoRA adapter is only valid on this base)
 
 
-def wrap_policy(model, tok, cfg, lr, device):
+# LoRA (Hu et al. 2021, arXiv:2106.09685): each nn.Linear in the decoder blocks gets a trained low-rank correction
+# and everything else is frozen. What it buys here: AdamW state for ~1% of the weights instead of all of them, and a
+# run's whole trained state in tens of megabytes, so that a run can stop on one machine and resume on another that
+# has the same base weights.
+# "LoRA Without Regret" (Schulman et al., Thinking Machines Lab, 2025) found policy-gradient RL with LoRA as
+# sample-efficient as full fine-tuning even at rank 1, provided every layer is adapted (the MLPs too) and the
+# learning rate is about 10x full fine-tuning's.
+
+
+class LoRALinear(torch.nn.Module):
+    """y = base(x) + (alpha / r) * x A^T B^T with base frozen; A (r, in) starts random, B (out, r) at zero, so the
+    wrapped model computes exactly what the base model did until the first update (Hu et al. 2021, section 4.1)."""
+
+    def __init__(self, base, rank, alpha, generator=None):
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        a = torch.empty(rank, base.in_features)
+        torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)   # nn.Linear's init, as peft's
+        self.lora_a = torch.nn.Parameter(a.to(base.weight.device))
+        self.lora_b = torch.nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+
+
+def add_lora(model, rank, alpha, seed=0):
+    """Freeze model and wrap every nn.Linear inside its decoder blocks (attention and MLP projections; not the
+    embeddings or lm_head) in a LoRALinear, in place. A is drawn from a generator seeded with `seed`, so every rank
+    under torchrun builds the same adapters (FSDP2 shards what each rank holds; it does not broadcast)."""
+    model.requires_grad_(False)
+    generator = torch.Generator().manual_seed(seed)
+    for block in model.modules():
+        if type(block).__name__.endswith("DecoderLayer"):   # (Qwen2DecoderLayer, LlamaDecoderLayer, ...)
+            for name, module in list(block.named_modules()):
+                if isinstance(module, torch.nn.Linear):
+                    parent, _, leaf = name.rpartition(".")
+                    setattr(block.get_submodule(parent), leaf, LoRALinear(module, rank, alpha, generator))
+    return model
+
+
+def adapters(model):
+    """{module name: LoRALinear} of a model ({} without LoRA)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def trained_names(model):
+    """The state-dict keys a checkpoint of this model holds: every key but the frozen parameters' (with LoRA: the
+    adapters; without: everything)."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return [k for k in model.state_dict() if k not in frozen]
+
+
+def check_keys(saved, model, what):
+    """SystemExit with one clear line when a saved state dict does not hold exactly what this model trains (a LoRA
+    checkpoint on a full fine-tuning run, another rank, another model)."""
+    want, have = set(trained_names(model)), set(saved)
+    if want != have:
+        lora = adapters(model)
+        kind = f"LoRA rank {next(iter(lora.values())).rank} adapters" if lora else "all weights (no LoRA)"
+        missing, unknown = sorted(want - have), sorted(have - want)
+        why = ([f"{len(missing)} of this run's keys are missing (e.g. {missing[0]})"] if missing else []) + \
+              ([f"{len(unknown)} keys are not this run's (e.g. {unknown[0]})"] if unknown else [])
+        raise SystemExit(f"{what} cannot be loaded into this run, which trains {kind}: {'; '.join(why)}. Pass the "
+                         f"--lora-rank and the model it was written with")
+
+
+def merged_state_dict(state, scale):
+    """A LoRA model's whole state dict as the plain model's: W + scale B A (scale = alpha / r) for each adapted weight,
+    under the plain model's key (".q_proj.base.weight" -> ".q_proj.weight"), the adapters dropped (a model without
+    adapters: unchanged). E.g. W = [[1, 0], [0, 1]], A = [[1, 2]], B = [[1], [0]], scale 0.5:
+    W + 0.5 [[1, 2], [0, 0]] = [[1.5, 1], [0, 1]]."""
+    adapted = {k[:-len(".lora_a")] for k in state if k.endswith(".lora_a")}
+    out = {}
+    for key, value in state.items():
+        prefix, _, leaf = key.rpartition(".base.")
+        if prefix in adapted:
+            if leaf == "weight":
+                a, b = state[prefix + ".lora_a"], state[prefix + ".lora_b"]
+                value = value + (scale * (b.float() @ a.float())).to(value.dtype)
+            out[f"{prefix}.{leaf}"] = value
+        elif not key.endswith((".lora_a", ".lora_b")):
+            out[key] = value
+    return out
+
+
+def wrap_policy(model, tok, cfg, lr, device, adapter=None, source=""):
     """A Policy around a loaded (model, tokenizer): on `device`, with AdamW, a bf16 sampler on a GPU, a KL reference.
-    Under torchrun the trained model is sharded across the ranks with FSDP2 (each keeps a slice of the weights,
-    gradients and AdamW state; a 7B Coder fits 8 GPUs so), and every rank samples from a whole copy of its own."""
+    With cfg.lora_rank > 0 the model gets LoRA adapters (their values from `adapter`, a state dict, when given) and
+    AdamW trains only them. Under torchrun the trained model is sharded across the ranks with FSDP2 (each keeps a
+    slice of the weights, gradients and AdamW state; a 7B Coder fits 8 GPUs so), and every rank samples from a whole
+    copy of its own."""
     model.to(device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     sampler = model
-    if device.type == "cuda":
+    if device.type == "cuda":   # (made before the adapters: the sampler is a plain model that gets merged weights)
         sampler = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
     elif dist.is_initialized():   # (ranks generate different lengths: a sharded sampler would wait for the others)
         sampler = copy.deepcopy(model).eval().requires_grad_(False)
     if cfg.attention != "sdpa":
         set_attention(sampler, cfg.attention)
+    if cfg.lora_rank > 0:
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
+        if adapter is not None:
+            check_keys(adapter, model, f"the adapter of {source}")
+            model.load_state_dict(adapter, strict=False)
     ref = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0:   # (after the adapter: the reference is the model the run starts from)
         ref = copy.deepcopy(model).eval().requires_grad_(False)
     if dist.is_initialized():
         shard_model(model, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    return Policy(model, tok, opt, sampler, ref)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=cfg.weight_decay)
+    policy = Policy(model, tok, opt, sampler, ref, source)
+    if adapter is not None:
+        refresh_sampler(policy)
+    return policy
 
 
 def shard_model(model, device):
     """FSDP2 (torch.distributed.fsdp.fully_shard), the way PyTorch's own recipes apply it: each transformer block is
     one unit (its weights gathered just before it runs, its gradients reduce-scattered right after), and the root
-    holds the rest (embeddings, final norm, lm_head, tied or not)."""
+    holds the rest (embeddings, final norm, lm_head, tied or not). Frozen weights (LoRA's base) are sharded too."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh(device.type, (world(),))
@@ -207,7 +305,8 @@ def optimizer_step(policy, max_norm):
     """Clip the gradients to max_norm, then take the AdamW step unless their norm is not finite: a NaN or inf
     gradient would reach every weight through the clip factor (max_norm / NaN) and AdamW's moments, so that step is
     skipped and the run goes on (verl's actor does the same). Returns the pre-clip norm (all ranks' under FSDP2)."""
-    norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_norm)
+    trained = [p for p in policy.model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(trained, max_norm)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if math.isfinite(norm):
         policy.opt.step()
@@ -216,16 +315,48 @@ def optimizer_step(policy, max_norm):
     return norm
 
 
-def make_policy(name, cfg, lr, device):
-    return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device)
+def read_adapter(path, base, cfg):
+    """The LoRA adapter (a state dict) that save_pretrained_atomic wrote next to the merged model in path, after
+    checking that it belongs to this base model and rank."""
+    file = os.path.join(path, "adapter.pt")
+    if not os.path.exists(file):
+        raise SystemExit(f"{path} has no adapter.pt: it was not trained with LoRA (delete it, or run without "
+                         f"--lora-rank)")
+    saved = torch.load(file, map_location="cpu")
+    if (saved["base"], saved["lora_rank"], saved["lora_alpha"]) != (base, cfg.lora_rank, cfg.lora_alpha):
+        raise SystemExit(f"{file} adapts {saved['base']!r} at rank {saved['lora_rank']} (alpha "
+                         f"{saved['lora_alpha']}), this run {base!r} at rank {cfg.lora_rank} (alpha {cfg.lora_alpha})")
+    return saved["state"]
+
+
+def make_policy(name, cfg, lr, device, sft_path=None):
+    """The Policy of model `name`, or of its SFT checkpoint in sft_path: the merged model, or with LoRA the base model
+    `name` plus the adapter that SFT trained (training goes on in the same adapter)."""
+    if sft_path is None:
+        return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device, source=name)
+    if cfg.lora_rank > 0:
+        adapter = read_adapter(sft_path, name, cfg)
+        return wrap_policy(*load_model(name, cfg.seed), cfg, lr, device, adapter=adapter, source=name)
+    return wrap_policy(*load_model(sft_path, cfg.seed), cfg, lr, device, source=sft_path)
+
+
+def _whole(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t   # (FSDP2: gather the shards)
 
 
 @torch.no_grad()
 def refresh_sampler(policy):
-    """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid)."""
-    if policy.sampler is not policy.model:
+    """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid).
+    With LoRA only the adapted weights change, and each arrives merged: W + (alpha / r) B A."""
+    if policy.sampler is policy.model:
+        return
+    lora = adapters(policy.model)
+    for name, m in lora.items():
+        merged = _whole(m.base.weight) + m.scale * (_whole(m.lora_b) @ _whole(m.lora_a))
+        policy.sampler.get_submodule(name).weight.copy_(merged)
+    if not lora:
         for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
-            p_s.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)   # (FSDP2: gather the shards)
+            p_s.copy_(_whole(p))
 
 
 def place(policy, device):

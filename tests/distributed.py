@@ -98,6 +98,27 @@ def test_distributed_two_ranks_run_the_one_process_round_and_resume_on_one(tmp_p
     assert r1[1]["coder/grad_norm"] > 0 and r3[1]["coder/grad_norm"] > 0
 
 
+def test_distributed_lora_two_ranks_run_the_one_process_round(tmp_path):
+    """LoRA under FSDP2 (the frozen base sharded with its adapters): two rounds on 2 ranks equal two rounds in one
+    process (in round 1 the ranks sample from plain copies that got the merged weights, the one process from the
+    adapted model itself), and both checkpoints hold the same adapters and nothing else; the merged Coder is saved
+    from the shards."""
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    for ranks, run_dir in ((0, one), (2, two)):
+        p = _kz_run(tmp_path, ranks, ["--run-dir", run_dir, "--rounds", "2", "--lora-rank", "4", "--lr", "1e-2"])
+        assert p.returncode == 0, p.stderr[-3000:]
+    r1, r2 = _rows(one), _rows(two)
+    assert r1[0]["coder/loss"] != 0.0 and r1[0]["coder/grad_norm"] > 0
+    for a, b in zip(r1, r2, strict=True):
+        _same_round(a, b)
+    wa, wb = _weights(one, "ckpt_00002"), _weights(two, "ckpt_00002")
+    assert wa.keys() == wb.keys() and wa and all(k.endswith((".lora_a", ".lora_b")) for k in wa)
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-4), (k, float((wa[k] - wb[k]).abs().max()))
+    assert os.path.exists(os.path.join(two, "coder", "adapter.pt"))
+    assert os.path.exists(os.path.join(two, "coder", "config.json"))
+
+
 def test_distributed_a_rank_that_dies_ends_the_job_with_its_error(tmp_path):
     """Rank 1 raises in its Coder phase while rank 0 waits at a collective: torchrun ends the job with a failure
     and rank 1's error, within seconds, not after the collective's timeout."""

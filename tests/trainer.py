@@ -2,6 +2,7 @@
 rollout and update through the real code paths (a learning test), the sampler's attention, config and CLI, harness
 results -> rewards, the alternating loop end to end on the CPU (with an exact resume), and the GPU tests."""
 import contextlib
+import copy
 import dataclasses
 import gzip
 import json
@@ -547,6 +548,153 @@ def test_trainer_sft_lowers_target_loss():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+# ---- LoRA
+
+def _lora_logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_trainer_lora_starts_as_the_base_model_and_trains_only_the_adapters():
+    """add_lora wraps every linear layer of the decoder blocks (7 per Llama block) and nothing else; the wrapped model
+    computes the base model's logits until the first update; an update (with gradient checkpointing: the frozen
+    embeddings give its blocks inputs without gradients) moves the adapters and no other weight."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=8, prompt_bucket=8, lora_rank=4, gradient_checkpointing=True)
+    pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
+    base, _ = models.load_model("tiny", cfg.seed)
+    lora = sampling.adapters(pol.model)
+    assert len(lora) == 2 * 7 and all(n.startswith("model.layers.") for n in lora)
+    assert not isinstance(pol.model.lm_head, sampling.LoRALinear)
+    trained = [p for group in pol.opt.param_groups for p in group["params"]]
+    assert {id(p) for p in trained} == {id(p) for m in lora.values() for p in (m.lora_a, m.lora_b)}
+    ids = torch.randint(0, 200, (2, 12))
+    assert torch.equal(_lora_logits(pol.model, ids), _lora_logits(base, ids))
+    frozen = {k: v.clone() for k, v in pol.model.state_dict().items() if "lora_" not in k}
+    b = kz.rollout(pol.model, pol.tok, ["ab", "cd", "ef", "gh"], cfg, pol.sampler)
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0, 0.5, -0.5]), cfg)
+    assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+    assert all(torch.equal(v, pol.model.state_dict()[k]) for k, v in frozen.items())
+    assert all(m.lora_b.abs().sum() > 0 for m in lora.values())   # (B starts at zero; every one moved)
+    assert not torch.equal(_lora_logits(pol.model, ids), _lora_logits(base, ids))
+
+
+def test_trainer_lora_sampler_gets_the_merged_weights():
+    """On a GPU (and under torchrun) the sampler is a separate plain model: refresh_sampler writes W + (alpha/r) B A
+    into it, so it computes what the adapted model does; merged_state_dict does the same for the saved model."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(lora_rank=2, lora_alpha=8.0)
+    model, tok = models.load_model("tiny", cfg.seed)
+    plain = copy.deepcopy(model)
+    pol = dataclasses.replace(sampling.wrap_policy(model, tok, cfg, 1e-2, torch.device("cpu")), sampler=plain)
+    for m in sampling.adapters(pol.model).values():
+        torch.nn.init.normal_(m.lora_b, std=0.5)
+    ids = torch.randint(0, 200, (2, 12))
+    expect = _lora_logits(pol.model, ids)
+    assert not torch.allclose(_lora_logits(plain, ids), expect, atol=1e-3)
+    sampling.refresh_sampler(pol)
+    _trainer_close(_lora_logits(plain, ids), expect.tolist(), atol=1e-5)
+    merged = sampling.merged_state_dict(pol.model.state_dict(), 8.0 / 2)
+    assert merged.keys() == plain.state_dict().keys()
+    assert all(torch.allclose(merged[k], v, atol=1e-6) for k, v in plain.state_dict().items())
+    # the docstring's worked numbers
+    w = sampling.merged_state_dict({"l.base.weight": torch.eye(2), "l.base.bias": torch.ones(2),
+                                    "l.lora_a": torch.tensor([[1.0, 2.0]]), "l.lora_b": torch.tensor([[1.0], [0.0]]),
+                                    "norm.weight": torch.ones(2)}, 0.5)
+    assert w.keys() == {"l.weight", "l.bias", "norm.weight"}
+    assert w["l.weight"].tolist() == [[1.5, 1.0], [0.0, 1.0]] and w["l.bias"].tolist() == [1.0, 1.0]
+
+
+def test_trainer_lora_checkpoint_holds_the_adapters_and_resumes(tmp_path):
+    """A LoRA checkpoint is the adapters and their AdamW state only (no frozen weight, not even the tied lm_head);
+    it resumes to the same logits and AdamW moments; loading it into a run of another kind is one clear error, as is
+    a full fine-tuning checkpoint loaded into a LoRA run."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=8, prompt_bucket=8, lora_rank=4)
+    pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
+    b = kz.rollout(pol.model, pol.tok, ["ab", "cd"], cfg, pol.sampler)
+    kz.policy_update(pol, b, torch.tensor([1.0, -1.0]), cfg)
+    state = dict(round=1, rng=random.Random(0), pool=[], api_stats={}, metrics_lines=0)
+    kz.save_checkpoint(str(tmp_path), pol, pol, state)
+    saved = torch.load(tmp_path / "ckpt_00001" / "coder.pt")
+    assert saved["model"] and all(k.endswith((".lora_a", ".lora_b")) for k in saved["model"])
+    assert len(saved["model"]) == 2 * len(sampling.adapters(pol.model)) == len(saved["opt"]["state"])
+    again = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
+    kz.load_checkpoint(str(tmp_path), again, again)
+    ids = torch.randint(0, 200, (2, 12))
+    assert torch.equal(_lora_logits(again.model, ids), _lora_logits(pol.model, ids))
+    moments = [again.opt.state[p]["exp_avg"] for p in again.opt.param_groups[0]["params"]]
+    assert all(torch.equal(m, pol.opt.state[p]["exp_avg"]) for m, p in zip(moments, pol.opt.param_groups[0]["params"]))
+    full = kz.make_policy("tiny", dataclasses.replace(cfg, lora_rank=0), 1e-2, torch.device("cpu"))
+    with pytest.raises(SystemExit, match="trains all weights.*lora_a.*--lora-rank"):
+        kz.load_checkpoint(str(tmp_path), full, full)
+    kz.save_checkpoint(str(tmp_path / "full"), full, full, state)
+    with pytest.raises(SystemExit, match="trains LoRA rank 4 adapters.*are missing"):
+        kz.load_checkpoint(str(tmp_path / "full"), again, again)
+
+
+def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
+    """save_pretrained_atomic writes the merged model (a plain model for `eval --coder-model`) and adapter.pt; a
+    policy made from it as an SFT checkpoint continues the same adapter on the base model; an adapter of another
+    rank or base is refused with the reason."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(lora_rank=4)
+    pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
+    for m in sampling.adapters(pol.model).values():
+        torch.nn.init.normal_(m.lora_b, std=0.1)
+    kz.save_pretrained_atomic(pol, str(tmp_path / "coder"))
+    ids = torch.randint(0, 200, (2, 12))
+    plain, _ = models.load_model(str(tmp_path / "coder"))
+    assert not sampling.adapters(plain)
+    _trainer_close(_lora_logits(plain, ids), _lora_logits(pol.model, ids).tolist(), atol=1e-5)
+    go_on = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"), sft_path=str(tmp_path / "coder"))
+    assert torch.equal(_lora_logits(go_on.model, ids), _lora_logits(pol.model, ids))
+    with pytest.raises(SystemExit, match="rank 4 .*rank 8"):
+        kz.make_policy("tiny", dataclasses.replace(cfg, lora_rank=8), 1e-2, torch.device("cpu"),
+                       sft_path=str(tmp_path / "coder"))
+    with pytest.raises(SystemExit, match="'tiny' at rank 4.*'smollm2'"):
+        sampling.read_adapter(str(tmp_path / "coder"), "smollm2", cfg)
+    full = dataclasses.replace(cfg, lora_rank=0)
+    kz.save_pretrained_atomic(kz.make_policy("tiny", full, 1e-2, torch.device("cpu")), str(tmp_path / "full"))
+    with pytest.raises(SystemExit, match="no adapter.pt"):
+        kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"), sft_path=str(tmp_path / "full"))
+
+
+def test_trainer_lora_gradient_is_the_full_gradient_through_the_adapter():
+    """The adapter's gradient is the full model's weight gradient seen through A: dL/dB = (alpha/r) dL/dW A^T (with B
+    = 0 at the start, A gets none), and a small step along it raises the objective."""
+    torch.manual_seed(0)
+    model, tok = models.load_model("tiny", 0)
+    full = copy.deepcopy(model)
+    sampling.add_lora(model, 4, 32.0, seed=0)
+    ids, a_id = torch.randint(0, 200, (2, 12)), tok("a").input_ids[0]
+
+    def objective(m):
+        return torch.log_softmax(m(ids).logits, -1)[..., a_id].sum()
+    for m in (model, full):
+        objective(m).backward()
+    for name, lora in sampling.adapters(model).items():
+        w_grad = full.get_submodule(name).weight.grad
+        _trainer_close(lora.lora_b.grad, (lora.scale * w_grad @ lora.lora_a.detach().t()).tolist(), atol=1e-5)
+        assert not lora.lora_a.grad.any()
+    with torch.no_grad():
+        before = objective(model)
+        for lora in sampling.adapters(model).values():
+            lora.lora_b += 1e-4 * lora.lora_b.grad
+        assert objective(model) > before
+
+
+def test_trainer_lora_sft_lowers_target_loss():
+    """SFT through the adapters alone (the frozen tiny model learns slowly this way: its blocks add little to the
+    residual stream). Measured: the loss goes from 5.42 to 4.74 in 25 steps at lr 1e-2 (x0.87)."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(sft_lr=1e-2, sft_batch=4, micro_batch=2, max_new_tokens=64, lora_rank=4)
+    pol = kz.make_policy("tiny", cfg, cfg.sft_lr, torch.device("cpu"))
+    examples = [("relu please", "```python\nclass ModelNew: relu\n```"), ("gelu?", "```python\nclass ModelNew: gelu\n```")]
+    losses = kz.sft_train(pol, examples, cfg, steps=25)
+    assert losses[-1] < 0.93 * losses[0], losses
+
+
 # ---- config and CLI
 
 def test_trainer_config_argparse_round_trip():
@@ -823,6 +971,34 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
         kz.sft_warm_start(dataclasses.replace(cfg, backend="cuda", sft_dir=str(tmp_path / "sft2"), sft_data=str(gz)),
                           None, "cpu")
 
+
+
+def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path):
+    """The loop with --lora-rank: SFT trains adapters (saved merged, with adapter.pt), the rounds go on training the
+    same adapters, a checkpoint holds only them, and a run stopped after round 0 and resumed ends where the straight
+    run ends."""
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    common = ["--preset", "tiny", "--device", "cpu", "--lora-rank", "4", "--sft", "--sft-data", str(data),
+              "--sft-steps", "2", "--sft-batch", "2", "--sft-dir", str(tmp_path / "sft"), "--eval-every", "0"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    kz.cli(common + ["--run-dir", straight, "--rounds", "2"])
+    sft = torch.load(tmp_path / "sft" / "coder" / "adapter.pt")
+    assert sft["base"] == "tiny" and sft["lora_rank"] == 4 and all("lora_" in k for k in sft["state"])
+    assert os.path.exists(tmp_path / "sft" / "coder" / "config.json")   # the merged model, for eval
+    kz.cli(common + ["--run-dir", resumed, "--rounds", "1"])   # (the SFT folder exists now: reused)
+    kz.cli(common + ["--run-dir", resumed, "--rounds", "2", "--resume"])
+    assert _trainer_records(resumed) == _trainer_records(straight)
+    weights = [torch.load(os.path.join(d, "ckpt_00002", "coder.pt"))["model"] for d in (straight, resumed)]
+    assert weights[0].keys() == sft["state"].keys()   # the adapters the SFT started, and nothing else
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert any(v.any() for k, v in sft["state"].items() if k.endswith("lora_b"))   # (SFT moved B off zero)
+    # a random model's answers all fail: every advantage is 0, so the rounds' AdamW steps leave the SFT adapters as
+    # they were, which shows that the loop started from them and not from fresh ones
+    assert all(torch.equal(weights[0][k], sft["state"][k]) for k in weights[0])
+    assert os.path.exists(os.path.join(straight, "coder", "adapter.pt"))
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
