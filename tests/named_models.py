@@ -240,7 +240,6 @@ def test_bench_models_measures_load_eval_and_proposer(tmp_path):
     import json
 
     import bench
-    import kernelzero as kz
     bench.main(bench.parse_args(["models", "--models", "tiny", "--models-temperatures", "0,1.0", "--models-levels", "1",
                                  "--models-samples", "2", "--models-max-tasks", "1", "--models-proposals", "3",
                                  "--out", str(tmp_path)]))

@@ -20,7 +20,6 @@ import eval_harness as eh
 import kernelzero as kz
 import models
 import sampling
-from kernelbench_tasks import catalog
 from tests.common import _trainer_close
 
 # ---- the phases on fakes: the ablations
