@@ -50,10 +50,11 @@ download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt len
       --rollout-attention sdpa_gqa,sdpa`. `--rollout-profile` (GPU): after each timed rollout, `profile_steps`
       decode steps of the same compiled path under torch.profiler: the top CUDA kernels and kernel ms against wall ms
       per step (GPU-busy share), in a "rollout_profile" record.
-  train: kernelzero.policy_update on `train_seqs` x `train_seq_len` random tokens, per gradient-checkpointing setting
-      and `train_logprob_chunk` setting (kernelzero's logprob_chunk: lm_head and log-softmax over that many completion
-      tokens at a time, recomputed in backward): median step time, tokens/s, 6 x params x tokens / step against a
-      bf16 torch.matmul timed in the same process, peak memory allocated.
+  train: kernelzero.policy_update on `train_seqs` x `train_seq_len` random tokens, per `train_lora` setting (LoRA
+      rank, 0: all weights), gradient-checkpointing setting and `train_logprob_chunk` setting (kernelzero's
+      logprob_chunk: lm_head and log-softmax over that many completion tokens at a time, recomputed in backward):
+      median step time, tokens/s, 6 x params x tokens / step (4 x with LoRA: the frozen weights get no gradient)
+      against a bf16 torch.matmul timed in the same process, peak memory allocated.
   attention: the attention of one decode step alone (every layer, one query per sequence over a static cache of
       `attention_cache` slots of which `attention_filled` hold tokens, random left padding), per implementation in
       `attention_variants`: sdpa_gqa (models.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
@@ -160,6 +161,7 @@ class Config:
     train_prompt_len: int = 256      # train: of which prompt (not trained on); the rest is completion
     train_micro_batch: int = 0       # train: sequences per forward/backward; 0 = the trainer's default
     train_grad_ckpt: str = "off,on"  # train: gradient checkpointing settings to time, comma-separated
+    train_lora: str = "0"            # train: kernelzero's lora_rank settings to time, comma-separated (0 = all weights)
     train_logprob_chunk: str = "0"   # train: kernelzero's logprob_chunk settings to time (0 = whole logits at once),
     #                                  comma-separated; each runs with each grad_ckpt setting
     train_steps: int = 3             # train: timed updates after one warm-up update; median
@@ -1289,15 +1291,18 @@ def bench_train(cfg: Config) -> None:
     rate = matmul_tflops(cfg.matmul_size, device)
     record(cfg, "matmul", dict(size=cfg.matmul_size, tflops=rate))
     tokens, rows = cfg.train_seqs * cfg.train_seq_len, []
-    for name in cfg.train_models.split(","):
+    for name, lora in [(n, int(r)) for n in cfg.train_models.split(",") for r in cfg.train_lora.split(",")]:
         kcfg = trainer_config(device)
-        kcfg = dataclasses.replace(kcfg, micro_batch=cfg.train_micro_batch or kcfg.micro_batch)
+        kcfg = dataclasses.replace(kcfg, micro_batch=cfg.train_micro_batch or kcfg.micro_batch, lora_rank=lora)
         try:
             policy = bench_policy(name, kcfg, device)
         except SystemExit as e:
             print(f"{name}: skipped ({e})")
             continue
         params = sum(p.numel() for p in policy.model.parameters())   # tied embeddings count once
+        # the 6N rule: forward 2N + backward 4N per token; with LoRA the backward skips the frozen weights' gradients
+        # (2N), and the adapters add under 1%
+        flops_per_token = (4 if lora else 6) * params
         batch, advantages = train_batch(policy, kcfg, cfg, device)
         chunks = [int(k) for k in cfg.train_logprob_chunk.split(",")]
         for ckpt, chunk in [(c, k) for c in cfg.train_grad_ckpt.split(",") for k in chunks]:
@@ -1306,7 +1311,7 @@ def bench_train(cfg: Config) -> None:
                 policy.model.gradient_checkpointing_enable()   # what make_policy does for gradient_checkpointing
             else:
                 policy.model.gradient_checkpointing_disable()
-            res = dict(model=name, grad_ckpt=ckpt, logprob_chunk=chunk, micro_batch=kcfg.micro_batch,
+            res = dict(model=name, lora_rank=lora, grad_ckpt=ckpt, logprob_chunk=chunk, micro_batch=kcfg.micro_batch,
                        seqs=cfg.train_seqs, seq_len=cfg.train_seq_len, prompt_len=cfg.train_prompt_len, params=params,
                        matmul_tflops=rate)
             free_memory(device)   # the allocator's cache from the previous setting would count as reserved here
@@ -1318,24 +1323,24 @@ def bench_train(cfg: Config) -> None:
             if "error" in res:   # outside the except block, so the failed step's tensors are released
                 policy.opt.zero_grad(set_to_none=True)
                 free_memory(device)
-                rows.append([name, ckpt, chunk, kcfg.micro_batch, params / 1e6, "OOM", "-", "-", "-", "-", "-"])
+                rows.append([name, lora, ckpt, chunk, kcfg.micro_batch, params / 1e6, "OOM", "-", "-", "-", "-", "-"])
                 record(cfg, "train", res)
                 continue
             step_s = statistics.median(s for s, _ in steps)
-            tflops = 6 * params * tokens / step_s / 1e12   # the 6N rule: forward 2N + backward 4N per token
+            tflops = flops_per_token * tokens / step_s / 1e12
             res.update(step_s=step_s, step_times=[s for s, _ in steps], tokens_per_s=tokens / step_s, tflops=tflops,
                        frac_of_matmul=tflops / rate if rate else None, peak_gb=steps[-1][1],
                        reserved_gb=torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None)
             record(cfg, "train", res)
-            print(f"{name} grad ckpt {ckpt}, logprob chunk {chunk}: {step_s:.2f} s/update", flush=True)
-            rows.append([name, ckpt, chunk, kcfg.micro_batch, params / 1e6, step_s, res["tokens_per_s"], tflops,
+            print(f"{name} lora {lora} grad ckpt {ckpt}, logprob chunk {chunk}: {step_s:.2f} s/update", flush=True)
+            rows.append([name, lora, ckpt, chunk, kcfg.micro_batch, params / 1e6, step_s, res["tokens_per_s"], tflops,
                          res["frac_of_matmul"] or "-", res["peak_gb"] or "-", res["reserved_gb"] or "-"])
         del policy, batch
         free_memory(device)
     table(f"train on {device.type}: one kernelzero.policy_update on {cfg.train_seqs} x {cfg.train_seq_len} tokens "
           f"(prompt {cfg.train_prompt_len}), median of {cfg.train_steps} after a warm-up; TFLOP/s = 6 x params x "
-          f"tokens / step; bf16 matmul {rate and f'{rate:.0f}'} TFLOP/s",
-          ["model", "grad ckpt", "logprob chunk", "micro", "params M", "step s", "tokens/s", "TFLOP/s", "of matmul",
+          f"tokens / step (4 x with LoRA); bf16 matmul {rate and f'{rate:.0f}'} TFLOP/s",
+          ["model", "lora", "grad ckpt", "logprob chunk", "micro", "params M", "step s", "tokens/s", "TFLOP/s", "of matmul",
            "peak GB", "reserved GB"], rows)
 
 

@@ -102,15 +102,19 @@ def test_bench_rollout_profile_skipped_on_cpu_and_its_window_holds_exactly_the_s
 def test_bench_train_cpu_writes_records(tmp_path):
     rows = _bench_run(tmp_path, "train", "--train-models", "tiny", "--train-seqs", "4", "--train-seq-len", "48",
                "--train-prompt-len", "16", "--train-steps", "1", "--train-micro-batch", "2",
-               "--train-logprob-chunk", "0,20")   # 32 completion tokens: chunks of 20 and 12
+               "--train-logprob-chunk", "0,20", "--train-lora", "0,4")   # 32 completion tokens: chunks of 20 and 12
     assert rows[0]["section"] == "matmul" and rows[0]["tflops"] is None   # GPU-only
     trains = [r for r in rows if r["section"] == "train"]
-    assert [(r["grad_ckpt"], r["logprob_chunk"]) for r in trains] == [("off", 0), ("off", 20), ("on", 0), ("on", 20)]
+    assert [(r["lora_rank"], r["grad_ckpt"], r["logprob_chunk"]) for r in trains] == [
+        (lora, ckpt, chunk) for lora in (0, 4) for ckpt in ("off", "on") for chunk in (0, 20)]
     params = sum(p.numel() for p in _bench_tiny_policy()[0].model.parameters())
+    # layers x rank x (in + out) summed over q, o; k, v (2 K/V heads of 16); gate, up, down
+    adapters = 2 * 4 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 192))
     for r in trains:
-        assert r["micro_batch"] == 2 and r["params"] == params and r["step_s"] > 0
+        n = params + adapters * (r["lora_rank"] > 0)
+        assert r["micro_batch"] == 2 and r["params"] == n and r["step_s"] > 0
         assert r["tokens_per_s"] == pytest.approx(4 * 48 / r["step_s"])
-        assert r["tflops"] == pytest.approx(6 * params * 4 * 48 / r["step_s"] / 1e12)
+        assert r["tflops"] == pytest.approx((4 if r["lora_rank"] else 6) * n * 4 * 48 / r["step_s"] / 1e12)
         assert r["peak_gb"] is None and r["frac_of_matmul"] is None
 
 
