@@ -659,6 +659,20 @@ def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
         kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"), sft_path=str(tmp_path / "full"))
 
 
+def test_trainer_lora_adapter_sizes_of_the_named_qwen_shapes():
+    """The README's sizes: adapters per unit of rank on every linear layer of the blocks, counted on the meta device
+    (no weights): Qwen2.5-Coder-0.5B 549,888 (0.11% of its 494M weights), 1.5B 1,154,048 (0.075%)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    shapes = {549_888: dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, intermediate_size=4864),
+              1_154_048: dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, intermediate_size=8960)}
+    for per_rank, shape in shapes.items():
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(Qwen2Config(**shape, num_key_value_heads=2, vocab_size=151936,
+                                                 tie_word_embeddings=True))
+            sampling.add_lora(model, 8, 32.0)
+        assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 8 * per_rank
+
+
 def test_trainer_lora_gradient_is_the_full_gradient_through_the_adapter():
     """The adapter's gradient is the full model's weight gradient seen through A: dL/dB = (alpha/r) dL/dW A^T (with B
     = 0 at the start, A gets none), and a small step along it raises the objective."""
@@ -998,6 +1012,27 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path):
     # they were, which shows that the loop started from them and not from fresh ones
     assert all(torch.equal(weights[0][k], sft["state"][k]) for k in weights[0])
     assert os.path.exists(os.path.join(straight, "coder", "adapter.pt"))
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_trainer_gpu_lora_update_and_merged_bf16_sampler():
+    """On a GPU the sampler is a plain bf16 copy without adapters: after a LoRA update (bf16 autocast) refresh_sampler
+    gives it the merged weights, so its logits follow the adapted fp32 model's to bf16 precision."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(device="cuda", lora_rank=4, max_new_tokens=8, prompt_bucket=8)
+    dev = torch.device("cuda")
+    pol = kz.make_policy("tiny", cfg, 1e-2, dev)
+    assert pol.sampler is not pol.model and not sampling.adapters(pol.sampler)
+    ids = torch.randint(0, 200, (2, 12), device=dev)
+    before = _lora_logits(pol.sampler, ids).float()
+    b = kz.rollout(pol.model, pol.tok, ["ab", "cd", "ef", "gh"], cfg, pol.sampler)
+    assert torch.isfinite(b["old_logprobs"]).all()
+    stats = kz.policy_update(pol, b, torch.tensor([1.0, -1.0, 0.5, -0.5]), cfg)
+    assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+    want, got = _lora_logits(pol.model, ids).float(), _lora_logits(pol.sampler, ids).float()
+    tol = 0.05 * float(want.abs().max())   # (bf16 weights: ~0.4% each; the update moves the logits by ~70%)
+    assert float((got - want).abs().max()) < tol < float((before - want).abs().max())
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
