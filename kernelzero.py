@@ -39,6 +39,7 @@ Run:
     torchrun --standalone --nproc_per_node 8 kernelzero.py  # one GPU node: each rank its share of the rollouts and
                                                           # kernels, FSDP2 updates (README, "One GPU node: torchrun")
     python kernelzero.py --resume --run-dir runs/kernelzero --rounds 40
+    python kernelzero.py --lora-rank 8 --lr 1e-5 --proposer-lr 1e-5 --sft-lr 2e-4   # LoRA adapters, not all weights
     python kernelzero.py --coder-reward correctness       # ablation: plain 0/1 GRPO for the Coder
     python kernelzero.py --proposer-mode uniform          # ablation: uniform API sets, Proposer rewarded for validity
     python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]

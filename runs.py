@@ -6,6 +6,8 @@ How this departs from common practice:
 1. Checkpoints are whole state dicts (torch.distributed.checkpoint's state_dict API with full_state_dict=True),
    written by rank 0: the same files from any number of ranks, so a run resumes on any world size (sharded DCP
    checkpoints would write faster for a 7B model; whole ones keep one format for every world size and for `eval`).
+   With LoRA a checkpoint holds the adapters and their AdamW state alone (tens of MB for a 0.5B model), and the
+   saved Hugging Face model is merged, with the adapter beside it (adapter.pt).
 2. Every file is written atomically (a temp name, then a rename; for checkpoints the `latest` pointer is the commit
    point), so a run killed at any moment leaves the previous checkpoint intact and nothing half-written to trust.
 3. The console says what each phase's update did or why it trained nothing ("coder: skipped, all 4 groups

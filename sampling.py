@@ -20,6 +20,9 @@ How this departs from a plain transformers + TRL setup:
    last batch padded), so the compiled decode step compiles once.
 5. Generation and verification overlap: CUDA builds, worker start-up and input generation hide behind the next
    generate call, and candidates use the GPU only while this process does not (Evaluator.holding_gpus).
+6. LoRA (cfg.lora_rank > 0) is written out here in a few lines (LoRALinear, add_lora) rather than taken from peft:
+   the adapters train, the bf16 sampler stays a plain model that receives merged weights after each update, and the
+   saved model is merged (see "LoRA" in the README).
 
 kernelzero.py and evaluation.py import it; `python bench.py rollout` times `rollout` against plain
 `model.generate`, and `python bench.py train` the update built on `sequence_logprobs`. `cfg` below is a
