@@ -277,6 +277,9 @@ def sft_warm_start(cfg, device, harness_device):
     if all(os.path.exists(os.path.join(p, "adapter.pt" if lora else "config.json")) for p in paths):
         say(f"SFT warm start: using the checkpoint in {out}")
         return paths
+    if lora and any(os.path.exists(os.path.join(p, "config.json")) for p in paths):   # (never overwrite it)
+        raise SystemExit(f"--sft-dir {out} holds an SFT checkpoint without LoRA adapters: pass another --sft-dir, "
+                         f"or none (a LoRA run's default is runs/sft_<model>_<backend>_lora<rank>)")
     data = cfg.sft_data or os.path.join("runs", f"sft_data_{cfg.backend}", "pairs.jsonl")
     if not os.path.exists(data) and rank() == 0:   # (the other ranks wait for the file at the barrier)
         print(f"SFT data {data} is missing: generating {cfg.sft_pairs} verified pairs (the same as `python -m "

@@ -15,6 +15,9 @@
 #   bash replicate.sh                                         # Qwen2.5-Coder-0.5B, 50 rounds, 8 samples per task
 #   MODEL=qwen-coder-1.5b OUT=runs/replication_1.5b bash replicate.sh
 #   GPUS=2 bash replicate.sh                                  # one 8-GPU node: each stage on 2 GPUs (torchrun)
+#   EXTRA="--lora-rank 8 --lr 1e-5 --proposer-lr 1e-5 --sft-lr 2e-4" bash replicate.sh
+#                                                             # LoRA adapters (README, "LoRA"): checkpoints of tens
+#                                                             # of MB, so a cut run resumes on another machine
 #   MODEL=tiny ROUNDS=2 SAMPLES=2 PAIRS=4 EXTRA="--preset tiny --device cpu --eval-max-tasks 2" bash replicate.sh
 #                                                             # (a smoke run on a CPU: a few minutes)
 set -euo pipefail

@@ -20,14 +20,16 @@ Suites, in this order:
   tests/loss.py                the pure functions: advantages, CA-GRPO loss and rewards, frontier reward (kernelzero.py),
                                masking, metrics (pass@k and fast_p from report.py)
   tests/trainer.py             kernelzero.py's trainer: the phases on fakes (ablations), models, tokenizer, rollout
-                               and update on the tiny model, attention, config and CLI, the loop, eval, GPU tests
+                               and update on the tiny model, LoRA, attention, config and CLI, the loop, eval, GPU
+                               tests
   tests/bench.py               bench.py: attention, rollout and train on the CPU
   tests/named_models.py        named offline models (GGUF slices installed as fake packages)
   tests/harness_throughput.py  harness throughput: shared reference work, memory admission, workers booted ahead
   tests/newcomer.py            what a newcomer meets first: flag errors, console messages, plots, the harness CLI
   tests/replication.py         replication: held-out statistics, compare, greedy eval, the self-distilled corpus
-  tests/distributed.py         torchrun on the CPU (gloo): 2 ranks and 1 rank give the one-process round, resume
-                               on another world size, a dying rank ends the job; the one-rank NCCL run on a GPU
+  tests/distributed.py         torchrun on the CPU (gloo): 2 ranks and 1 rank give the one-process round (LoRA
+                               too), resume on another world size, a dying rank ends the job; the one-rank NCCL run
+                               on a GPU
 Shared task sources, candidates, the pitfall table and helpers: tests/common.py.
 """
 import os

@@ -1,6 +1,7 @@
 """Tests for kernelzero.py's trainer on the tiny model: the phases on fakes (the ablations), models, tokenizer,
-rollout and update through the real code paths (a learning test), the sampler's attention, config and CLI, harness
-results -> rewards, the alternating loop end to end on the CPU (with an exact resume), and the GPU tests."""
+rollout and update through the real code paths (a learning test), LoRA adapters (training, merging, checkpoints),
+the sampler's attention, config and CLI, harness results -> rewards, the alternating loop end to end on the CPU
+(with an exact resume), and the GPU tests."""
 import contextlib
 import copy
 import dataclasses
@@ -1012,6 +1013,12 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path):
     # they were, which shows that the loop started from them and not from fresh ones
     assert all(torch.equal(weights[0][k], sft["state"][k]) for k in weights[0])
     assert os.path.exists(os.path.join(straight, "coder", "adapter.pt"))
+    full_sft = tmp_path / "full_sft"   # an SFT checkpoint of all weights is never overwritten by a LoRA run's SFT
+    (full_sft / "coder").mkdir(parents=True)
+    (full_sft / "coder" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="without LoRA adapters: pass another --sft-dir"):
+        kz.cli(common + ["--run-dir", str(tmp_path / "third"), "--sft-dir", str(full_sft)])
+    assert (full_sft / "coder" / "config.json").read_text() == "{}"
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
