@@ -732,8 +732,9 @@ def plan(cfg, device):
     fallback = device.type == "cpu" and all(getattr(cfg, k) == v for k, v in CPU_FALLBACK.items())
     how_long = (f" It takes about {CPU_DEFAULT_MINUTES} min on 2 CPU cores (longer when the machine is busy)."
                 if fallback else "")
+    trains = f"LoRA adapters of rank {cfg.lora_rank}" if cfg.lora_rank else "all weights"
     return (f"KernelZero: {'; '.join(steps)}.{how_long} Results go to {cfg.run_dir}/ (config.json, metrics.jsonl, "
-            f"checkpoints); coder: {cfg.coder_model}, proposer: {cfg.proposer_model}.")
+            f"checkpoints); coder: {cfg.coder_model}, proposer: {cfg.proposer_model}, training {trains}.")
 
 
 def main(cfg):

@@ -987,7 +987,7 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
 
 
 
-def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path):
+def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys):
     """The loop with --lora-rank: SFT trains adapters (saved merged, with adapter.pt), the rounds go on training the
     same adapters, a checkpoint holds only them, and a run stopped after round 0 and resumed ends where the straight
     run ends."""
@@ -999,6 +999,7 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path):
               "--sft-steps", "2", "--sft-batch", "2", "--sft-dir", str(tmp_path / "sft"), "--eval-every", "0"]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     kz.cli(common + ["--run-dir", straight, "--rounds", "2"])
+    assert "training LoRA adapters of rank 4." in capsys.readouterr().out   # (the plan's first line says so)
     sft = torch.load(tmp_path / "sft" / "coder" / "adapter.pt")
     assert sft["base"] == "tiny" and sft["lora_rank"] == 4 and all("lora_" in k for k in sft["state"])
     assert os.path.exists(tmp_path / "sft" / "coder" / "config.json")   # the merged model, for eval
