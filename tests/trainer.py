@@ -989,8 +989,8 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
 
 def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys):
     """The loop with --lora-rank: SFT trains adapters (saved merged, with adapter.pt), the rounds go on training the
-    same adapters, a checkpoint holds only them, and a run stopped after round 0 and resumed ends where the straight
-    run ends."""
+    same adapters, a checkpoint holds only them, and a run stopped after round 0 and resumed without any merged
+    model file (as when only the small files travel to another machine) ends where the straight run ends."""
     from kernelbench_tasks.synth import generate_pairs
     pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
     data = tmp_path / "pairs.jsonl"
@@ -1004,6 +1004,8 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys
     assert sft["base"] == "tiny" and sft["lora_rank"] == 4 and all("lora_" in k for k in sft["state"])
     assert os.path.exists(tmp_path / "sft" / "coder" / "config.json")   # the merged model, for eval
     kz.cli(common + ["--run-dir", resumed, "--rounds", "1"])   # (the SFT folder exists now: reused)
+    for merged in tmp_path.rglob("*.safetensors"):   # carried to another machine without the merged models
+        merged.unlink()
     kz.cli(common + ["--run-dir", resumed, "--rounds", "2", "--resume"])
     assert _trainer_records(resumed) == _trainer_records(straight)
     weights = [torch.load(os.path.join(d, "ckpt_00002", "coder.pt"))["model"] for d in (straight, resumed)]
