@@ -239,6 +239,11 @@ def check_keys(saved, model, what):
                          f"--lora-rank and the model it was written with")
 
 
+def lora_merge(weight, a, b, scale):
+    """W + scale B A in W's dtype: the plain weight that computes what a LoRALinear does."""
+    return weight + (scale * (b.float() @ a.float())).to(weight.dtype)
+
+
 def merged_state_dict(state, scale):
     """A LoRA model's whole state dict as the plain model's: W + scale B A (scale = alpha / r) for each adapted weight,
     under the plain model's key (".q_proj.base.weight" -> ".q_proj.weight"), the adapters dropped (a model without
@@ -250,8 +255,7 @@ def merged_state_dict(state, scale):
         prefix, _, leaf = key.rpartition(".base.")
         if prefix in adapted:
             if leaf == "weight":
-                a, b = state[prefix + ".lora_a"], state[prefix + ".lora_b"]
-                value = value + (scale * (b.float() @ a.float())).to(value.dtype)
+                value = lora_merge(value, state[prefix + ".lora_a"], state[prefix + ".lora_b"], scale)
             out[f"{prefix}.{leaf}"] = value
         elif not key.endswith((".lora_a", ".lora_b")):
             out[key] = value
@@ -304,13 +308,15 @@ def shard_model(model, device):
     fully_shard(model, mesh=mesh)
 
 
+def _whole(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t   # (FSDP2: gather the shards)
+
+
 def optimizer_step(policy, max_norm):
     """Clip the gradients to max_norm, then take the AdamW step unless their norm is not finite: a NaN or inf
     gradient would reach every weight through the clip factor (max_norm / NaN) and AdamW's moments, so that step is
     skipped and the run goes on (verl's actor does the same). Returns the pre-clip norm (all ranks' under FSDP2)."""
-    trained = [p for p in policy.model.parameters() if p.requires_grad]
-    norm = torch.nn.utils.clip_grad_norm_(trained, max_norm)
-    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    norm = float(_whole(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_norm)))   # (frozen: no grad)
     if math.isfinite(norm):
         policy.opt.step()
     else:
@@ -343,10 +349,6 @@ def make_policy(name, cfg, lr, device, sft_path=None):
     return wrap_policy(*load_model(sft_path, cfg.seed), cfg, lr, device, source=sft_path)
 
 
-def _whole(t):
-    return t.full_tensor() if hasattr(t, "full_tensor") else t   # (FSDP2: gather the shards)
-
-
 @torch.no_grad()
 def refresh_sampler(policy):
     """Copy the freshly updated weights into the bf16 sampler in place (static addresses keep compiled decode valid).
@@ -354,10 +356,11 @@ def refresh_sampler(policy):
     if policy.sampler is policy.model:
         return
     lora = adapters(policy.model)
-    for name, m in lora.items():
-        merged = _whole(m.base.weight) + m.scale * (_whole(m.lora_b) @ _whole(m.lora_a))
-        policy.sampler.get_submodule(name).weight.copy_(merged)
-    if not lora:
+    if lora:
+        for name, m in lora.items():
+            merged = lora_merge(_whole(m.base.weight), _whole(m.lora_a), _whole(m.lora_b), m.scale)
+            policy.sampler.get_submodule(name).weight.copy_(merged)
+    else:
         for p_s, p in zip(policy.sampler.parameters(), policy.model.parameters()):
             p_s.copy_(_whole(p))
 
