@@ -34,6 +34,13 @@ from sampling import adapters, barrier, check_keys, merged_state_dict, rank, ref
 # Files: models, state dicts, JSON lines
 
 
+def plain_model(model):
+    """A fresh model of the same architecture and config, without adapters, in fp32 on the CPU (its weights random
+    until loaded)."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+
+
 def save_pretrained_atomic(policy, path):
     """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0. With LoRA
     the adapters are merged into the weights, and path/adapter.pt keeps them alone (a run with --sft and --lora-rank
@@ -57,13 +64,6 @@ def save_pretrained_atomic(policy, path):
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     barrier()
-
-
-def plain_model(model):
-    """A fresh model of the same architecture and config, without adapters, in fp32 on the CPU (its weights random
-    until loaded)."""
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
 
 
 def full_state(policy, trained_only=False):

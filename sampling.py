@@ -204,12 +204,12 @@ def add_lora(model, rank, alpha, seed=0):
     under torchrun builds the same adapters (FSDP2 shards what each rank holds; it does not broadcast)."""
     model.requires_grad_(False)
     generator = torch.Generator().manual_seed(seed)
-    for block in model.modules():
-        if type(block).__name__.endswith("DecoderLayer"):   # (Qwen2DecoderLayer, LlamaDecoderLayer, ...)
-            for name, module in list(block.named_modules()):
-                if isinstance(module, torch.nn.Linear):
-                    parent, _, leaf = name.rpartition(".")
-                    setattr(block.get_submodule(parent), leaf, LoRALinear(module, rank, alpha, generator))
+    blocks = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]   # (Qwen2DecoderLayer, ...)
+    for block in blocks:
+        for name, module in list(block.named_modules()):
+            if isinstance(module, torch.nn.Linear):
+                parent, _, leaf = name.rpartition(".")
+                setattr(block.get_submodule(parent), leaf, LoRALinear(module, rank, alpha, generator))
     return model
 
 

@@ -1082,12 +1082,13 @@ def test_harness_gpu_graph_timing_agrees_with_the_eager_rule_and_is_stable():
     pairs = [("relu 256 MB", t.GPU_RELU_TASK, t.GOOD_RELU)] + [
         (name, (root / f"{name}.py").read_text(), (root / "solutions" / f"{name}_triton.py").read_text())
         for name in ("level2/004_ResidualRMSNorm", "level1/014_SquareMatmul")]
+
+    def ms(r):   # candidate / reference medians and the candidate's host wall time per rep (which one moved)
+        return [r.runtime_ms, r.ref_runtime_ms, r.details.get("host_median_ms")]
     for name, task, cand in pairs:
         graph = [eh.evaluate(task, cand, backend="triton", device="cuda") for _ in range(5)]
         eager = eh.evaluate(task, cand, backend="triton", device="cuda", **eh.FIXED_TIMING)
         speedups = [r.speedup for r in graph]
-        def ms(r):   # candidate / reference medians and the candidate's host wall time per rep (which one moved)
-            return [r.runtime_ms, r.ref_runtime_ms, r.details.get("host_median_ms")]
         print(f"{name}: graph speedups {[round(s, 3) for s in speedups]} reps {[r.details['reps'] for r in graph]} "
               f"timing_s {[r.details['timing_s'] for r in graph]}; eager {eager.speedup:.3f} reps "
               f"{eager.details['reps']} timing_s {eager.details['timing_s']}; ms graph {ms(graph[0])} eager {ms(eager)}",

@@ -986,7 +986,6 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
                           None, "cpu")
 
 
-
 def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys):
     """The loop with --lora-rank: SFT trains adapters (saved merged, with adapter.pt), the rounds go on training the
     same adapters, a checkpoint holds only them, and a run stopped after round 0 and resumed without any merged
@@ -1022,6 +1021,7 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys
     with pytest.raises(SystemExit, match="without LoRA adapters: pass another --sft-dir"):
         kz.cli(common + ["--run-dir", str(tmp_path / "third"), "--sft-dir", str(full_sft)])
     assert (full_sft / "coder" / "config.json").read_text() == "{}"
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
