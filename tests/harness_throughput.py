@@ -1067,15 +1067,54 @@ def test_harness_gpu_timing_headroom_keeps_verdicts():
     assert all(r.runtime_ms > 0.01 and r.details["reps"] >= 30 for r in runs[200])   # (the ReLU reads 256 MB)
 
 
+def _kernel_ms(task_src: str, cand_src: str, tmp) -> tuple[float, float]:
+    """A host-independent time of one forward of the reference and of the candidate, in ms: the median over 10
+    forwards (L2 flushed before each) of the summed durations of the GPU kernels it ran, from the profiler's device
+    timestamps. Gaps between kernels, and whatever the host does, do not count."""
+    import importlib.util
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    modules = []
+    for name, src in (("kz_kernel_ms_ref", task_src), ("kz_kernel_ms_cand", cand_src)):
+        path = tmp / f"{name}.py"   # (Triton reads kernel source from a real file)
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location(name, path)
+        modules.append(importlib.util.module_from_spec(spec))
+        sys.modules[name] = modules[-1]
+        spec.loader.exec_module(modules[-1])
+    ref, cand = modules
+    torch.manual_seed(0)
+    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ref.get_inputs()]
+    flush = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")   # 256 MB, larger than the L2
+    medians = []
+    for cls in (ref.Model, cand.ModelNew):
+        torch.manual_seed(0)
+        model, per_forward = cls(*ref.get_init_inputs()).cuda(), []
+        with torch.no_grad():
+            model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])   # Triton's JIT, cuBLAS
+            for _ in range(10):
+                args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+                flush.zero_()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    model(*args)
+                    torch.cuda.synchronize()
+                per_forward.append(sum(e.time_range.elapsed_us() for e in prof.events()
+                                       if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3)
+        medians.append(sorted(per_forward)[5])
+    return medians[0], medians[1]
+
+
 @pytest.mark.gpu
 @_gpu
-def test_harness_gpu_graph_timing_agrees_with_the_eager_rule_and_is_stable():
+def test_harness_gpu_graph_timing_agrees_with_kernel_durations_and_is_stable(tmp_path):
     """On the GPU, one candidate at a time: golden Triton solutions of a 1-kernel task (256 MB ReLU), a fused level-2
-    chain and a matmul, timed as CUDA graphs under the adaptive rule (the default) and eagerly under the old fixed
-    2 s rule. Five graph runs of each vary by at most 5% (max/min). The eager rule reads the host's launch latency
-    into the window, so it may only come out lower, by up to 15%: on the H200 the ReLU's eager speedup was 0.920 in
-    one run and 0.998 in the next against 0.998-1.003 as graphs, the RMSNorm chain's 3.74-3.80 against 4.10-4.12,
-    the matmul's 0.761 against 0.838 (2026-12-04: graph/eager 1.101)."""
+    chain and a matmul, timed as CUDA graphs under the adaptive rule (the default). Five graph runs of each vary by at
+    most 5% (max/min), and their median speedup is within 8% of the ratio of the kernels' own durations
+    (_kernel_ms), a measure that no host latency enters. The old eager rule is printed beside them, not checked: it
+    synchronizes before its end event, so the host's wake-up latency is inside its window, and that moves with the
+    machine's load (the RMSNorm chain's eager speedup was 3.74-3.80 in runs of 2026-12-04 and 2.43 on 2026-12-05,
+    against 4.10-4.12 as graphs: ~12 us and ~120 us of latency on a ~0.1 ms candidate)."""
     import pathlib
     t = _t()
     root = pathlib.Path(__file__).resolve().parent.parent / "kernelbench_tasks"
@@ -1083,18 +1122,19 @@ def test_harness_gpu_graph_timing_agrees_with_the_eager_rule_and_is_stable():
         (name, (root / f"{name}.py").read_text(), (root / "solutions" / f"{name}_triton.py").read_text())
         for name in ("level2/004_ResidualRMSNorm", "level1/014_SquareMatmul")]
 
-    def ms(r):   # candidate / reference medians and the candidate's host wall time per rep (which one moved)
+    def ms(r):   # candidate / reference medians and the candidate's host wall time per rep
         return [r.runtime_ms, r.ref_runtime_ms, r.details.get("host_median_ms")]
     for name, task, cand in pairs:
         graph = [eh.evaluate(task, cand, backend="triton", device="cuda") for _ in range(5)]
         eager = eh.evaluate(task, cand, backend="triton", device="cuda", **eh.FIXED_TIMING)
+        ref_ms, cand_ms = _kernel_ms(task, cand, tmp_path)
         speedups = [r.speedup for r in graph]
         print(f"{name}: graph speedups {[round(s, 3) for s in speedups]} reps {[r.details['reps'] for r in graph]} "
-              f"timing_s {[r.details['timing_s'] for r in graph]}; eager {eager.speedup:.3f} reps "
-              f"{eager.details['reps']} timing_s {eager.details['timing_s']}; ms graph {ms(graph[0])} eager {ms(eager)}",
-              flush=True)
+              f"timing_s {[r.details['timing_s'] for r in graph]}; kernel durations {ref_ms:.4f} / {cand_ms:.4f} ms "
+              f"= {ref_ms / cand_ms:.3f}; eager {eager.speedup:.3f} reps {eager.details['reps']} timing_s "
+              f"{eager.details['timing_s']}; ms graph {ms(graph[0])} eager {ms(eager)}", flush=True)
         assert all(r.error_kind == "ok" and r.details["timing_method"] == "graph" for r in graph), graph[0]
         assert eager.error_kind == "ok" and eager.details["timing_method"] == "eager"
         assert max(speedups) / min(speedups) <= 1.05, speedups
         median = sorted(speedups)[2]
-        assert 0.97 <= median / eager.speedup <= 1.15, (median, eager.speedup, ms(eager))
+        assert 0.92 <= median / (ref_ms / cand_ms) <= 1.08, (median, ref_ms, cand_ms)
