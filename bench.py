@@ -25,6 +25,13 @@ Sections:
       Verdicts are compared with the label each candidate was generated with, and with the baseline's.
   (d) stability: one candidate whose kernel takes >= 100 us, measured by `stability_runs` separate evaluate() runs:
       max/min of its speedup.
+  (f) processes: what the harness's isolation (one fresh process per candidate, so one CUDA context each) costs
+      the GPU's driver, with nothing of the harness in the way. A process that imported torch but never touched CUDA
+      (as a worker zygote) forks `processes_children` children, `processes_at_once` alive at a time; each creates
+      its context, runs one tiny op and exits: ms per child at each concurrency, the floor that no harness keeping
+      the isolation gets under. Then N processes (`processes_syncing`) each launch a tiny kernel and synchronize,
+      over and over, at once: the median latency of one launch + sync, i.e. what time-slicing the GPU between
+      processes adds to every host sync.
 Every generated candidate carries a per-run tag inside its kernel source, so no build cache (ours, torch's, Triton's)
 can serve a cold measurement from an earlier run.
 
@@ -135,6 +142,10 @@ class Config:
     #                                  generated); 0: a cold Evaluator, whose start counts in the wall time
     round_profile: str = ""          # (e) a directory: every worker job of each run under cProfile
     #                                  (KZ_WORKER_PROFILE), merged and printed per run: where a verdict's time goes
+    processes_children: int = 32     # (f) children forked (each: CUDA context, one tiny op, exit) per concurrency
+    processes_at_once: str = "1,4,8,16"  # (f) children alive at once, comma-separated
+    processes_syncing: str = "1,2,4,8"   # (f) processes launching + synchronizing at once, comma-separated
+    processes_sync_reps: int = 2000  # (f) launch + sync round trips per process; median
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
     # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
@@ -936,6 +947,94 @@ def bench_round(cfg: Config, tag: str) -> None:
           + (", each run against the baseline" if "baseline" in summary else ""), header, rows)
     record(cfg, "round", summary)
 
+# ---------------------------------------------------------------------------------------------------------------------
+# (f) processes: the cost of one fresh CUDA process per candidate, and of processes sharing a GPU
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def process_lifecycles(device: str, children: int, at_once: int, results) -> None:
+    """Run in a spawned process that imported torch and never touched CUDA, as the harness's zygote: fork `children`
+    children, at most `at_once` alive; each creates its context, runs one tiny op, synchronizes and exits. Puts
+    (wall s, children that failed) on `results`."""
+    start, alive, failed = time.perf_counter(), set(), 0
+
+    def reap() -> None:
+        nonlocal failed
+        pid, status = os.wait()
+        alive.discard(pid)
+        failed += os.waitstatus_to_exitcode(status) != 0
+
+    for _ in range(children):
+        if len(alive) >= at_once:
+            reap()
+        pid = os.fork()
+        if pid == 0:   # the child: os._exit in any case, so it never returns into the parent's code
+            code = 1
+            try:
+                torch.ones(1, device=device).add_(1)
+                _sync(device)
+                code = 0
+            finally:
+                os._exit(code)
+        alive.add(pid)
+    while alive:
+        reap()
+    results.put((time.perf_counter() - start, failed))
+
+
+def sync_latency(device: str, reps: int, ready, go, results) -> None:
+    """One process: a tiny kernel then a host sync, `reps` times once `go` is set; puts the median ms of one."""
+    x = torch.zeros(1024, device=device)
+    _sync(device)
+    ready.put(True)
+    go.wait()
+    ms = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.add_(1)
+        _sync(device)
+        ms.append((time.perf_counter() - t) * 1e3)
+    results.put(statistics.median(ms))
+
+
+def bench_processes(cfg: Config, device: str = "cuda") -> None:
+    ctx = multiprocessing.get_context("spawn")   # (fresh interpreters: this process may hold a CUDA context)
+    rows = []
+    for at_once in (int(x) for x in cfg.processes_at_once.split(",")):
+        results = ctx.Queue()
+        proc = ctx.Process(target=process_lifecycles, args=(device, cfg.processes_children, at_once, results))
+        proc.start()
+        wall, failed = results.get()
+        proc.join()
+        res = dict(device=device, children=cfg.processes_children, at_once=at_once, wall_s=wall,
+                   ms_per_child=wall / cfg.processes_children * 1e3, failed=failed)
+        record(cfg, "processes_lifecycle", res)
+        rows.append([at_once, wall, res["ms_per_child"], failed])
+    table(f"(f) {cfg.processes_children} forked children, each a context, one tiny op and exit",
+          ["at once", "s", "ms per child", "failed"], rows)
+    rows = []
+    for n in (int(x) for x in cfg.processes_syncing.split(",")):
+        ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=sync_latency, args=(device, cfg.processes_sync_reps, ready, go, results))
+                 for _ in range(n)]
+        for proc in procs:
+            proc.start()
+        for _ in procs:   # every process past its imports and context before any starts
+            ready.get()
+        go.set()
+        ms = sorted(results.get() for _ in procs)
+        for proc in procs:
+            proc.join()
+        record(cfg, "processes_sync", dict(device=device, processes=n, reps=cfg.processes_sync_reps,
+                                           median_ms=ms[len(ms) // 2], per_process_ms=ms))
+        rows.append([n, ms[len(ms) // 2]])
+    table("(f) processes launching a tiny kernel and synchronizing at once", ["processes", "ms per launch + sync"],
+          rows)
+
+
 def bench_harness(cfg: Config) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench.py harness needs a CUDA GPU (and nvcc, ninja): run it on the GPU machine")
@@ -950,6 +1049,8 @@ def bench_harness(cfg: Config) -> None:
         bench_stability(cfg, tag)
     if "round" in sections:
         bench_round(cfg, tag)
+    if "processes" in sections:
+        bench_processes(cfg)
     print(f"\nbench.py harness: {time.perf_counter() - t0:.0f} s; results appended to {cfg.out}/bench.jsonl")
 
 

@@ -22,7 +22,7 @@ Suites, in this order:
   tests/trainer.py             kernelzero.py's trainer: the phases on fakes (ablations), models, tokenizer, rollout
                                and update on the tiny model, LoRA, attention, config and CLI, the loop, eval, GPU
                                tests
-  tests/bench.py               bench.py: attention, rollout and train on the CPU
+  tests/bench.py               bench.py: attention, rollout, train and the processes section on the CPU
   tests/named_models.py        named offline models (GGUF slices installed as fake packages)
   tests/harness_throughput.py  harness throughput: shared reference work, memory admission, workers booted ahead
   tests/newcomer.py            what a newcomer meets first: flag errors, console messages, plots, the harness CLI

@@ -1,4 +1,4 @@
-"""Tests for bench.py: attention, rollout and train on the CPU (tiny models; the numbers come from the H200), the
+"""Tests for bench.py: attention, rollout, train and the processes section on the CPU (tiny models; the numbers come from the H200), the
 rollout profile, the forced full-length generate and the greedy check."""
 import copy
 import dataclasses
@@ -164,3 +164,31 @@ def test_bench_host_cpu_sampler_sees_a_busy_core_and_summarises():
     assert len(samples) >= 3 and all(0.0 <= x <= 1.0 for x in samples) and max(samples) > 0
     assert bench.cpu_summary([0.5, 0.95, 1.0]) == {"cpu_busy_mean": 0.817, "cpu_busy_over_90pct": 0.667}
     assert bench.cpu_summary([]) == {"cpu_busy_mean": None, "cpu_busy_over_90pct": None}
+
+
+def test_bench_processes_cpu_times_forked_children_and_syncing_processes(tmp_path):
+    """bench.py's processes section on the CPU (the numbers come from the H200): a record per concurrency with every
+    forked child accounted for (none failed), and one per count of syncing processes, each process's median there."""
+    cfg = bench.Config(out=str(tmp_path), processes_children=4, processes_at_once="1,3", processes_syncing="1,2",
+                       processes_sync_reps=20)
+    bench.bench_processes(cfg, device="cpu")
+    rows = [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
+    life = [r for r in rows if r["section"] == "processes_lifecycle"]
+    sync = [r for r in rows if r["section"] == "processes_sync"]
+    assert [(r["at_once"], r["children"], r["failed"]) for r in life] == [(1, 4, 0), (3, 4, 0)]
+    assert all(r["wall_s"] > 0 and r["ms_per_child"] == pytest.approx(r["wall_s"] / 4 * 1e3) for r in life)
+    assert [(r["processes"], len(r["per_process_ms"])) for r in sync] == [(1, 1), (2, 2)]
+    assert all(0 < r["median_ms"] < 1000 for r in sync)
+
+
+def test_bench_processes_counts_a_child_that_fails(tmp_path):
+    """A child whose op fails (a device that does not exist) is counted, not lost: the floor is only a floor if
+    every child did its work."""
+    cfg = bench.Config(out=str(tmp_path), processes_children=2, processes_at_once="2", processes_syncing="1")
+    ctx = bench.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=bench.process_lifecycles, args=("no_such_device", cfg.processes_children, 2, results))
+    proc.start()
+    wall, failed = results.get(timeout=120)
+    proc.join()
+    assert failed == 2 and wall > 0
