@@ -1,5 +1,5 @@
-"""Tests for bench.py: attention, rollout, train and the processes section on the CPU (tiny models; the numbers come from the H200), the
-rollout profile, the forced full-length generate and the greedy check."""
+"""Tests for bench.py: attention, rollout, train and the processes section on the CPU (tiny models; the numbers come
+from the H200), the rollout profile, the forced full-length generate and the greedy check."""
 import copy
 import dataclasses
 import json
