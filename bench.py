@@ -146,6 +146,8 @@ class Config:
     processes_at_once: str = "1,4,8,16"  # (f) children alive at once, comma-separated
     processes_syncing: str = "1,2,4,8"   # (f) processes launching + synchronizing at once, comma-separated
     processes_sync_reps: int = 2000  # (f) launch + sync round trips per process; median
+    processes_env: str = ""          # (f) environment variants to run it all under, ";"-separated, each
+    #                                  "KEY=VALUE,..." ("" : as is), e.g. ";CUDA_DEVICE_MAX_CONNECTIONS=1"
     seed: int = 0                    # which candidate variants are generated
     # rollout and train: models are any kernelzero model name (the named offline models "qwen-coder-0.5b",
     # "qwen-coder-1.5b", "smollm2"; "tiny"; an HF id or path) or a random shape: "qwen1.5b-shape" (Qwen2.5-Coder-1.5B,
@@ -1000,39 +1002,59 @@ def sync_latency(device: str, reps: int, ready, go, results) -> None:
     results.put(statistics.median(ms))
 
 
+@contextlib.contextmanager
+def environment(variant: str):
+    """os.environ with a variant's "KEY=VALUE,KEY=VALUE" set (spawned processes inherit it), restored after."""
+    pairs = [item.split("=", 1) for item in variant.split(",") if item]
+    saved = {key: os.environ.get(key) for key, _ in pairs}
+    os.environ.update(dict(pairs))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def bench_processes(cfg: Config, device: str = "cuda") -> None:
     ctx = multiprocessing.get_context("spawn")   # (fresh interpreters: this process may hold a CUDA context)
-    rows = []
-    for at_once in (int(x) for x in cfg.processes_at_once.split(",")):
-        results = ctx.Queue()
-        proc = ctx.Process(target=process_lifecycles, args=(device, cfg.processes_children, at_once, results))
-        proc.start()
-        wall, failed = results.get()
-        proc.join()
-        res = dict(device=device, children=cfg.processes_children, at_once=at_once, wall_s=wall,
-                   ms_per_child=wall / cfg.processes_children * 1e3, failed=failed)
-        record(cfg, "processes_lifecycle", res)
-        rows.append([at_once, wall, res["ms_per_child"], failed])
-    table(f"(f) {cfg.processes_children} forked children, each a context, one tiny op and exit",
-          ["at once", "s", "ms per child", "failed"], rows)
-    rows = []
-    for n in (int(x) for x in cfg.processes_syncing.split(",")):
-        ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=sync_latency, args=(device, cfg.processes_sync_reps, ready, go, results))
-                 for _ in range(n)]
-        for proc in procs:
-            proc.start()
-        for _ in procs:   # every process past its imports and context before any starts
-            ready.get()
-        go.set()
-        ms = sorted(results.get() for _ in procs)
-        for proc in procs:
+    for variant in cfg.processes_env.split(";"):
+        env = variant or "as is"
+        rows = []
+        for at_once in (int(x) for x in cfg.processes_at_once.split(",")):
+            results = ctx.Queue()
+            proc = ctx.Process(target=process_lifecycles, args=(device, cfg.processes_children, at_once, results))
+            with environment(variant):
+                proc.start()
+            wall, failed = results.get()
             proc.join()
-        record(cfg, "processes_sync", dict(device=device, processes=n, reps=cfg.processes_sync_reps,
-                                           median_ms=ms[len(ms) // 2], per_process_ms=ms))
-        rows.append([n, ms[len(ms) // 2]])
-    table("(f) processes launching a tiny kernel and synchronizing at once", ["processes", "ms per launch + sync"],
-          rows)
+            res = dict(device=device, env=env, children=cfg.processes_children, at_once=at_once, wall_s=wall,
+                       ms_per_child=wall / cfg.processes_children * 1e3, failed=failed)
+            record(cfg, "processes_lifecycle", res)
+            rows.append([at_once, wall, res["ms_per_child"], failed])
+        table(f"(f) {cfg.processes_children} forked children, each a context, one tiny op and exit (environment: "
+              f"{env})", ["at once", "s", "ms per child", "failed"], rows)
+        rows = []
+        for n in (int(x) for x in cfg.processes_syncing.split(",")):
+            ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
+            procs = [ctx.Process(target=sync_latency, args=(device, cfg.processes_sync_reps, ready, go, results))
+                     for _ in range(n)]
+            with environment(variant):
+                for proc in procs:
+                    proc.start()
+            for _ in procs:   # every process past its imports and context before any starts
+                ready.get()
+            go.set()
+            ms = sorted(results.get() for _ in procs)
+            for proc in procs:
+                proc.join()
+            record(cfg, "processes_sync", dict(device=device, env=env, processes=n, reps=cfg.processes_sync_reps,
+                                               median_ms=ms[len(ms) // 2], per_process_ms=ms))
+            rows.append([n, ms[len(ms) // 2]])
+        table(f"(f) processes launching a tiny kernel and synchronizing at once (environment: {env})",
+              ["processes", "ms per launch + sync"], rows)
 
 
 def bench_harness(cfg: Config) -> None:

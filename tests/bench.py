@@ -167,15 +167,18 @@ def test_bench_host_cpu_sampler_sees_a_busy_core_and_summarises():
 
 
 def test_bench_processes_cpu_times_forked_children_and_syncing_processes(tmp_path):
-    """bench.py's processes section on the CPU (the numbers come from the H200): a record per concurrency with every
-    forked child accounted for (none failed), and one per count of syncing processes, each process's median there."""
+    """bench.py's processes section on the CPU (the numbers come from the H200): per environment variant, a record per
+    concurrency with every forked child accounted for (none failed), and one per count of syncing processes, each
+    process's median there."""
     cfg = bench.Config(out=str(tmp_path), processes_children=4, processes_at_once="1,3", processes_syncing="1,2",
-                       processes_sync_reps=20)
+                       processes_sync_reps=20, processes_env=";KZ_BENCH_PROBE=1")
     bench.bench_processes(cfg, device="cpu")
+    assert "KZ_BENCH_PROBE" not in bench.os.environ   # (a variant's environment is restored)
     rows = [json.loads(line) for line in open(tmp_path / "bench.jsonl")]
     life = [r for r in rows if r["section"] == "processes_lifecycle"]
-    sync = [r for r in rows if r["section"] == "processes_sync"]
-    assert [(r["at_once"], r["children"], r["failed"]) for r in life] == [(1, 4, 0), (3, 4, 0)]
+    sync = [r for r in rows if r["section"] == "processes_sync" and r["env"] == "as is"]
+    assert [(r["env"], r["at_once"], r["children"], r["failed"]) for r in life] == [
+        ("as is", 1, 4, 0), ("as is", 3, 4, 0), ("KZ_BENCH_PROBE=1", 1, 4, 0), ("KZ_BENCH_PROBE=1", 3, 4, 0)]
     assert all(r["wall_s"] > 0 and r["ms_per_child"] == pytest.approx(r["wall_s"] / 4 * 1e3) for r in life)
     assert [(r["processes"], len(r["per_process_ms"])) for r in sync] == [(1, 1), (2, 2)]
     assert all(0 < r["median_ms"] < 1000 for r in sync)
