@@ -31,7 +31,8 @@ Sections:
       its context, runs one tiny op and exits: ms per child at each concurrency, the floor that no harness keeping
       the isolation gets under. Then N processes (`processes_syncing`) each launch a tiny kernel and synchronize,
       over and over, at once: the median latency of one launch + sync, i.e. what time-slicing the GPU between
-      processes adds to every host sync.
+      processes adds to every host sync. `processes_env` repeats both under other environments (driver knobs such
+      as CUDA_DEVICE_MAX_CONNECTIONS, the number of hardware queues each context gets).
 Every generated candidate carries a per-run tag inside its kernel source, so no build cache (ours, torch's, Triton's)
 can serve a cold measurement from an earlier run.
 
