@@ -175,6 +175,12 @@ DEFAULTS = dict(
                              # round batch (BENCHMARKS.md, "Harness throughput for RL rounds")
     dedupe=True,             # map(): a candidate identical to an earlier one of the same task (same reference, same
                              # syntax tree) gets a copy of its verdict (details["duplicate_of"]) instead of a run
+    gpu_max_connections=1,   # CUDA_DEVICE_MAX_CONNECTIONS of the GPU workers: hardware queues per CUDA context
+                             # (the driver's default is 8). Every candidate's fresh process creates a context, and
+                             # with one queue the driver creates and tears it down ~2.5x faster (71 against 176 ms
+                             # per process, 8 at once, on an H200: bench.py harness --sections processes), which
+                             # bounds a round. A worker's streams then share one queue (candidates may not make
+                             # streams). None: the caller's environment as it is
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )

@@ -215,6 +215,8 @@ def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", KZ_MEMORY_LIMIT_GB=str(opts["memory_limit_gb"]))
     else:
         env.pop("TRITON_INTERPRET", None)
+        if opts["gpu_max_connections"] is not None:   # (read when the worker creates its context)
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(opts["gpu_max_connections"])
         if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)

@@ -582,6 +582,23 @@ def _good_relu_verdict(worker) -> str:
     return hp.run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
 
 
+def test_harness_gpu_workers_get_one_hardware_queue_per_context(monkeypatch):
+    """GPU workers' environment sets CUDA_DEVICE_MAX_CONNECTIONS from the gpu_max_connections option (1 by default:
+    each fresh process's context is then cheaper for the driver to create and tear down), over the caller's own
+    value; None leaves the caller's environment as it is; CPU workers never see a GPU, so it is not set there."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert eh.DEFAULTS["gpu_max_connections"] == 1
+    env = hp.worker_env("cuda", "triton", eh.DEFAULTS, "run", gpu=0)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert hp.worker_env("cuda", "cuda", dict(eh.DEFAULTS, gpu_max_connections=4), "compile")[
+        "CUDA_DEVICE_MAX_CONNECTIONS"] == "4"
+    assert hp.worker_env("cuda", "triton", dict(eh.DEFAULTS, gpu_max_connections=None), "run", gpu=0)[
+        "CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in hp.worker_env("cpu", "triton", eh.DEFAULTS, "run")
+
+
 def _stat(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()   # state, ppid, pgrp, session, ...
