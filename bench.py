@@ -25,6 +25,8 @@ Sections:
       Verdicts are compared with the label each candidate was generated with, and with the baseline's.
   (d) stability: one candidate whose kernel takes >= 100 us, measured by `stability_runs` separate evaluate() runs:
       max/min of its speedup.
+  (e) round: a round-shaped batch (16 tasks x 8 candidates from the golden solutions, mostly correct) through the
+      Evaluator, against an older harness on the same batch (`round_*` fields; BENCHMARKS.md says how it is made).
   (f) processes: what the harness's isolation (one fresh process per candidate, so one CUDA context each) costs
       the GPU's driver, with nothing of the harness in the way. A process that imported torch but never touched CUDA
       (as a worker zygote) forks `processes_children` children, `processes_at_once` alive at a time; each creates
@@ -949,6 +951,7 @@ def bench_round(cfg: Config, tag: str) -> None:
     table(f"(e) a round-shaped batch: {cfg.round_tasks} tasks x {cfg.round_samples} {cfg.round_backend} candidates"
           + (", each run against the baseline" if "baseline" in summary else ""), header, rows)
     record(cfg, "round", summary)
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # (f) processes: the cost of one fresh CUDA process per candidate, and of processes sharing a GPU

@@ -184,13 +184,12 @@ def test_bench_processes_cpu_times_forked_children_and_syncing_processes(tmp_pat
     assert all(0 < r["median_ms"] < 1000 for r in sync)
 
 
-def test_bench_processes_counts_a_child_that_fails(tmp_path):
+def test_bench_processes_counts_a_child_that_fails():
     """A child whose op fails (a device that does not exist) is counted, not lost: the floor is only a floor if
     every child did its work."""
-    cfg = bench.Config(out=str(tmp_path), processes_children=2, processes_at_once="2", processes_syncing="1")
     ctx = bench.multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    proc = ctx.Process(target=bench.process_lifecycles, args=("no_such_device", cfg.processes_children, 2, results))
+    proc = ctx.Process(target=bench.process_lifecycles, args=("no_such_device", 2, 2, results))
     proc.start()
     wall, failed = results.get(timeout=120)
     proc.join()
