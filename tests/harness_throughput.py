@@ -1088,18 +1088,12 @@ def _kernel_ms(task_src: str, cand_src: str, tmp) -> tuple[float, float]:
     """A host-independent time of one forward of the reference and of the candidate, in ms: the median over 10
     forwards (L2 flushed before each) of the summed durations of the GPU kernels it ran, from the profiler's device
     timestamps. Gaps between kernels, and whatever the host does, do not count."""
-    import importlib.util
     import torch
     from torch.profiler import ProfilerActivity, profile
-    modules = []
-    for name, src in (("kz_kernel_ms_ref", task_src), ("kz_kernel_ms_cand", cand_src)):
-        path = tmp / f"{name}.py"   # (Triton reads kernel source from a real file)
-        path.write_text(src)
-        spec = importlib.util.spec_from_file_location(name, path)
-        modules.append(importlib.util.module_from_spec(spec))
-        sys.modules[name] = modules[-1]
-        spec.loader.exec_module(modules[-1])
-    ref, cand = modules
+
+    import bench
+    ref, cand = (bench.load_source(src, name, str(tmp))   # (real files: Triton reads kernel source from them)
+                 for name, src in (("kz_kernel_ms_ref", task_src), ("kz_kernel_ms_cand", cand_src)))
     torch.manual_seed(0)
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ref.get_inputs()]
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")   # 256 MB, larger than the L2
