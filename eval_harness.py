@@ -181,6 +181,11 @@ DEFAULTS = dict(
                              # per process, 8 at once, on an H200: bench.py harness --sections processes), which
                              # bounds a round. A worker's streams then share one queue (candidates may not make
                              # streams). None: the caller's environment as it is
+    warm_harness_kernels=False,  # an idle GPU worker launches the harness's own kernels once, on tiny tensors and
+                             # under the GPU's shared turn, before it takes a job: CUDA loads a kernel's code at its
+                             # first launch in a process and may synchronize the context to do so, which a fresh
+                             # process per candidate otherwise pays mid-trial while other workers share the GPU.
+                             # Needs the GPU's lock file (gpu_lock_path). Off until measured on the round batch
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
 )
@@ -377,7 +382,8 @@ class Evaluator:
         self.memory = Memory(host * 2**30 if host is not None else 0.7 * host_available_bytes(), gpu_bytes)
         gpu_threads = max(1, len(os.sched_getaffinity(0)) // (self.gpu_workers * len(self.gpus) or 1))
         for gpu in self.gpus:
-            env = worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads)
+            lock = gpu_lock_path(gpu)
+            env = worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads, lock_path=lock)
             if self.backend == "triton":   # the zygote warms Triton's compiler up for this GPU (no driver there)
                 major, minor = torch.cuda.get_device_capability(gpu)
                 env["KZ_TRITON_ARCH"] = str(10 * major + minor)
@@ -386,7 +392,7 @@ class Evaluator:
             # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),
             # and one spare per slot left candidates waiting for one. Each holds ~1 GB of host memory and a context.
             self.pools[gpu] = Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
-            self.gates[gpu] = Gate(gpu_lock_path(gpu), max_shared=self.gpu_checkers)
+            self.gates[gpu] = Gate(lock, max_shared=self.gpu_checkers)
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 

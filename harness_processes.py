@@ -203,9 +203,12 @@ class Pool:
                 self.zygote = None
 
 
-def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
+def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0,
+               lock_path: str | None = None) -> dict:
     """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
-    running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
+    running at once share the cores instead of each starting one spinning thread per core (0: torch's default).
+    `lock_path`: the GPU's lock file (gpu_lock_path), under which an idle worker warms its kernels up when the
+    option warm_harness_kernels asks for it."""
     env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                KZ_OWNER=str(os.getpid()))   # whose workers these are (ps, tests: another run's are not ours)
@@ -217,6 +220,9 @@ def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None
         env.pop("TRITON_INTERPRET", None)
         if opts["gpu_max_connections"] is not None:   # (read when the worker creates its context)
             env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(opts["gpu_max_connections"])
+        env.pop("KZ_GPU_LOCK", None)
+        if opts.get("warm_harness_kernels") and role == "run" and lock_path:
+            env["KZ_GPU_LOCK"] = lock_path
         if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
@@ -253,18 +259,7 @@ class Gate:
                 self.cond.wait_for(lambda: not self.exclusive and not self.shared)
                 self.waiting -= 1
                 self.exclusive = True
-        if not self.lock_path:
-            return None
-        # 2. other processes' holders. One descriptor per holder: flock locks belong to an open file, so two opens
-        # of one file conflict even within a process
-        turnstile = os.open(self.lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)   # a waiting timer of any process holds this: we queue behind it
-            fcntl.flock(fd, fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX)
-        finally:
-            os.close(turnstile)   # (closing unlocks)
-        return fd
+        return lock_file(self.lock_path, mode) if self.lock_path else None   # 2. other processes' holders
 
     def release(self, mode: str, fd: int | None = None) -> None:
         if fd is not None:
@@ -275,6 +270,21 @@ class Gate:
             else:
                 self.exclusive = False
             self.cond.notify_all()
+
+
+def lock_file(lock_path: str, mode: str) -> int:
+    """A GPU's machine-wide turn, "shared" or "exclusive", as flock(2) on its lock file (gpu_lock_path); closing the
+    returned descriptor gives it back. One descriptor per holder: flock locks belong to an open file, so two opens of
+    one file conflict even within a process. Used by Gate, and by an idle GPU worker that launches warm-up kernels
+    (harness_worker._warm_up_harness_kernels) without a job, hence without a parent to ask."""
+    turnstile = os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)   # a waiting timer of any process holds this: we queue behind it
+        fcntl.flock(fd, fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX)
+    finally:
+        os.close(turnstile)   # (closing unlocks)
+    return fd
 
 
 def gpu_lock_path(gpu: int) -> str | None:

@@ -9,7 +9,7 @@ The parent side is eval_harness.py (verdicts, the public API, and the pitfalls t
 in its docstring) and harness_processes.py (pools, the GPU gate, memory admission, time limits).
 
 Import direction: this module imports eval_harness (the options and tolerances it applies, _truncate,
-_format_exception) and harness_processes (memory_need); neither imports this module, harness_processes only names it
+_format_exception) and harness_processes (memory_need, lock_file); neither imports this module, harness_processes only names it
 in its zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
 baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
 
@@ -43,7 +43,7 @@ import torch
 import eval_harness
 from eval_harness import DEFAULTS, TOLERANCES, _format_exception, _truncate
 import harness_processes
-from harness_processes import memory_need
+from harness_processes import lock_file, memory_need
 
 # The modules whose code runs in a worker once a candidate is imported: _harness_snapshot keeps their functions
 _HARNESS_MODULES = (eval_harness, harness_processes, sys.modules[__name__])
@@ -190,7 +190,8 @@ def _warm_up_gpu_worker(backend: str) -> None:
     for CUDA candidates the profiler behind _kernel_coverage (CUPTI start-up) and, for Triton, the JIT's own
     start-up and its first device query. Workers boot while others hold the GPU, so none of this launches a kernel:
     an empty profile, a Triton kernel compiled (warmup) but never run, and a CUDA graph captured and instantiated
-    but never replayed."""
+    but never replayed. With the option warm_harness_kernels, the harness's own kernels then run once under the
+    GPU's shared turn (_warm_up_harness_kernels)."""
     x = torch.zeros(1, device="cuda")   # context creation (and one tiny fill)
     # the graph machinery's first use (capture, instantiation), off the timed candidate's path
     with contextlib.suppress(Exception):
@@ -221,6 +222,45 @@ def _warm_up_gpu_worker(backend: str) -> None:
             # device query, no kernel runs
             from triton.compiler.compiler import max_shared_mem
             max_shared_mem(torch.cuda.current_device())
+    if os.environ.get("KZ_GPU_LOCK"):   # (set with the option warm_harness_kernels)
+        _warm_up_harness_kernels("cuda", os.environ["KZ_GPU_LOCK"])
+
+
+def _warm_up_harness_kernels(device: str, lock: str | None = None) -> None:
+    """Launch once, on tiny tensors, the kernels the harness itself runs on a candidate's path (trial inputs, the
+    allocator poison, the input check, comparisons, fingerprints) for the common output dtypes. With CUDA's lazy
+    loading (the default since CUDA 12.2) a kernel's code is loaded at its first launch in a process, and that load
+    may synchronize the context: it waits for the process's queued work, which takes the GPU's time slices while
+    other workers share it. Every candidate runs in a fresh process, so without this it pays those waits mid-trial
+    (the first comparison after the candidate's forward, the first fingerprint...) instead of here, while idle.
+    The random generators' states are restored: trials seed their own, but nothing here may show in a verdict.
+    `lock`: the GPU's lock file; these are kernels, so they run under its shared turn, never while a timer times."""
+    fd = lock_file(lock, "shared") if lock else None
+    cuda = torch.device(device).type == "cuda"
+    try:
+        with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []):
+            torch.manual_seed(0)
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                x = torch.randn(64, device=device).to(dtype)            # trial inputs (get_inputs under the device)
+                heavy = x * torch.exp(torch.randn_like(x))               # the heavy-tailed trial
+                bool(torch.isfinite(heavy).all())
+                y = x.clone()
+                y[0] = float("nan")
+                _same(y, y.clone())                                       # NaN-aware equality (the input check)
+                _compare(x.clone(), x, torch.device(device), 1e-2, 1e-2)  # an output that passes
+                _compare(y, x, torch.device(device), 1e-2, 1e-2)          # and one that fails (a new NaN)
+                _heavy_tol({"heavy": True, "out": x}, [{"out": heavy}], 1e-2, 1e-2)
+                _host_ints(_fingerprint_sums([x, x[:3].view(torch.uint8)[:5]], key=12345))   # both word sizes
+            ints = torch.arange(64, device=device)
+            _compare(ints, ints.clone(), torch.device(device), 0.0, 0.0)   # integer outputs: exact equality
+            _compare(ints + 1, ints, torch.device(device), 0.0, 0.0)
+            torch.empty(64, dtype=torch.uint8, device=device).view(torch.float32).fill_(float("nan"))   # the poison
+            torch.empty(64, dtype=torch.int32, device=device).zero_()     # timing's L2 flush
+            if cuda:
+                torch.cuda.synchronize()   # (all of it ran before the turn is given back)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -484,6 +484,30 @@ def test_harness_gpu_checkers_cap_keeps_verdicts():
     assert [k for k, _ in verdicts[2][:4]] == ["ok"] * 4 and all(r.speedup for r in runs[2][:4])
 
 
+@pytest.mark.gpu
+@_gpu
+def test_harness_gpu_kernel_warm_up_keeps_verdicts():
+    """warm_harness_kernels on the GPU: the warm-up runs on CUDA tensors under the GPU's lock file and restores the
+    CUDA generator; idle workers that ran it give the verdicts and checks of workers that did not, and time every
+    correct candidate."""
+    import torch
+    t = _t()
+    state = torch.cuda.get_rng_state()
+    hw._warm_up_harness_kernels("cuda", lock=hp.gpu_lock_path(0))
+    assert torch.equal(state, torch.cuda.get_rng_state())
+    task = t.GPU_RELU_TASK
+    pairs = [(task, t.GOOD_RELU)] * 3 + [(task, t.WRONG), (task, t.CASES["input_mutation"][1]),
+                                         (task, t.CASES["stale_memory"][1])]
+    runs = {}
+    for warm in (False, True):
+        with eh.Evaluator(backend="triton", progress=False, gpu_workers=4, warm_harness_kernels=warm,
+                          dedupe=False) as ev:
+            runs[warm] = ev.map(pairs)
+    verdicts = {warm: [(r.error_kind, r.details.get("check")) for r in rs] for warm, rs in runs.items()}
+    assert verdicts[True] == verdicts[False], verdicts
+    assert [k for k, _ in verdicts[True][:3]] == ["ok"] * 3 and all(r.speedup for r in runs[True][:3])
+
+
 TAMPER_REFERENCE = """
 import torch.cuda.graphs
 _objects = vars(vars(torch.cuda.graphs)["gc"])["get_" + "objects"]   # gc through a torch module that imported it:
@@ -597,6 +621,90 @@ def test_harness_gpu_workers_get_one_hardware_queue_per_context(monkeypatch):
         "CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in hp.worker_env("cpu", "triton", eh.DEFAULTS, "run")
+
+
+def test_harness_kernel_warm_up_is_asked_through_the_gpu_lock(monkeypatch):
+    """With warm_harness_kernels, a GPU run-worker's environment names the GPU's lock file (KZ_GPU_LOCK), under which
+    it warms its kernels up while idle; off (the default), without a lock file, for compile or CPU workers, it is not
+    there, not even inherited from the caller."""
+    monkeypatch.setenv("KZ_GPU_LOCK", "/stale/lock")
+    warm = dict(eh.DEFAULTS, warm_harness_kernels=True)
+    assert eh.DEFAULTS["warm_harness_kernels"] is False
+    assert hp.worker_env("cuda", "triton", warm, "run", gpu=0, lock_path="/l/gpu.lock")["KZ_GPU_LOCK"] == "/l/gpu.lock"
+    for env in (hp.worker_env("cuda", "triton", eh.DEFAULTS, "run", gpu=0, lock_path="/l/gpu.lock"),
+                hp.worker_env("cuda", "triton", warm, "run", gpu=0, lock_path=None),
+                hp.worker_env("cuda", "cuda", warm, "compile", lock_path="/l/gpu.lock")):
+        assert "KZ_GPU_LOCK" not in env
+
+
+def _recorded_ops(fn) -> set:
+    """(aten op, dtypes of its tensor arguments) of everything fn() runs: on a GPU, each is one kernel to load."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    seen = set()
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+            seen.add((str(func.overloadpacket), tuple(str(a.dtype) for a in flat if isinstance(a, torch.Tensor))))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        fn()
+    return seen
+
+
+def test_harness_kernel_warm_up_covers_a_trials_harness_ops_and_leaves_no_trace():
+    """_warm_up_harness_kernels runs every (op, dtypes) pair that the harness's own checks run on a trial (comparisons
+    that pass and fail, the NaN-aware input check, fingerprints, the heavy trial's tolerance) for float32, float16,
+    bfloat16 and int64 outputs of realistic sizes, so on a GPU none of their kernels is loaded for the first time
+    mid-trial; it restores the random generator and leaves the deterministic flags alone."""
+    import torch
+    device = torch.device("cpu")
+    warm = _recorded_ops(lambda: hw._warm_up_harness_kernels("cpu"))
+
+    data = []   # (the trial's own inputs and outputs are made by the task and the candidate, not the harness)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        ref = torch.randn(1000, 33).to(dtype)
+        nan_in = ref.clone()
+        nan_in[3, 4] = float("nan")
+        data.append((ref, ref + 0.5 * torch.randn_like(ref).to(dtype), nan_in))
+    idx = torch.randint(0, 9, (500,))
+
+    def trial_checks():
+        for ref, wrong, nan_in in data:
+            assert hw._compare(ref.clone(), ref, device, 1e-2, 1e-2)[0] is None
+            assert hw._compare(wrong, ref, device, 1e-2, 1e-2)[0] == "mismatch"
+            assert hw._compare(nan_in, ref, device, 1e-2, 1e-2)[0] == "mismatch"
+            assert hw._same(nan_in, nan_in.clone()) and not hw._same(nan_in, ref)
+            hw._heavy_tol({"heavy": True, "out": wrong}, [{"out": ref}], 1e-2, 1e-2)
+            hw._host_ints(hw._fingerprint_sums((ref, ref.view(torch.uint8)[:7]), key=2**40 + 3))
+        assert hw._compare(idx.clone(), idx, device, 0.0, 0.0)[0] is None
+        assert hw._compare(idx + 1, idx, device, 0.0, 0.0)[0] == "mismatch"
+
+    missing = _recorded_ops(trial_checks) - warm
+    assert not missing, sorted(missing)
+    state, flags = torch.get_rng_state(), (torch.are_deterministic_algorithms_enabled(),
+                                           torch.utils.deterministic.fill_uninitialized_memory)
+    hw._warm_up_harness_kernels("cpu")
+    assert torch.equal(state, torch.get_rng_state())
+    assert flags == (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+
+
+def test_harness_kernel_warm_up_waits_for_a_timer(tmp_path):
+    """An idle worker's warm-up launches kernels, so it takes the GPU's shared turn through the lock file: while a
+    timer (of any process) holds the exclusive turn it waits, and it runs once the timer is done."""
+    path = str(tmp_path / "gpu.lock")
+    timer = hp.lock_file(path, "exclusive")
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (hw._warm_up_harness_kernels("cpu", lock=path), done.set()))
+    worker.start()
+    assert not done.wait(1.0)   # still waiting for the timer
+    os.close(timer)
+    assert done.wait(60.0)
+    worker.join()
+    again = hp.lock_file(path, "exclusive")   # and it gave its shared turn back
+    os.close(again)
 
 
 def _stat(pid: int) -> list[str]:
