@@ -856,12 +856,37 @@ def sample_host_cpu(samples: list, stop: threading.Event, period_s: float = 1.0)
         last = now
 
 
-def cpu_summary(samples: list) -> dict:
-    """Mean busy fraction and the share of periods above 90% busy (None without samples)."""
+def sample_gpu_busy(samples: list, stop: threading.Event, period_s: float = 0.5, smi: str = "nvidia-smi") -> None:
+    """Append GPU 0's busy fraction (0..1: the share of the last period in which any kernel of any process ran, as
+    nvidia-smi's utilization.gpu reports it) every `period_s` to `samples` until `stop` is set: whether a harness run
+    is bound by the GPU itself or by waits around it. Nothing without nvidia-smi. GPU 0 is torch's first visible
+    device, named to nvidia-smi by its UUID (CUDA_VISIBLE_DEVICES may reorder the machine's indices)."""
+    import shutil
+    import subprocess
+    if not shutil.which(smi):
+        return
+    gpu = "0"
+    if torch.cuda.is_available():
+        uuid = str(torch.cuda.get_device_properties(0).uuid)
+        gpu = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+    proc = subprocess.Popen([smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                             f"--loop-ms={round(period_s * 1000)}", "-i", gpu],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # stopped from outside: killing it ends the loop below at once, even if nvidia-smi itself hangs
+    threading.Thread(target=lambda: (stop.wait(), proc.kill()), daemon=True).start()
+    for line in proc.stdout:
+        with contextlib.suppress(ValueError):   # ("[N/A]" on GPUs that do not report it)
+            samples.append(float(line.strip()) / 100)
+    proc.wait()
+
+
+def busy_summary(samples: list, what: str) -> dict:
+    """Mean busy fraction and the share of periods above 90% busy (None without samples), as {what}_busy_mean and
+    {what}_busy_over_90pct."""
     if not samples:
-        return {"cpu_busy_mean": None, "cpu_busy_over_90pct": None}
-    return {"cpu_busy_mean": round(sum(samples) / len(samples), 3),
-            "cpu_busy_over_90pct": round(sum(x > 0.9 for x in samples) / len(samples), 3)}
+        return {f"{what}_busy_mean": None, f"{what}_busy_over_90pct": None}
+    return {f"{what}_busy_mean": round(sum(samples) / len(samples), 3),
+            f"{what}_busy_over_90pct": round(sum(x > 0.9 for x in samples) / len(samples), 3)}
 
 
 def bench_round(cfg: Config, tag: str) -> None:
@@ -889,9 +914,11 @@ def bench_round(cfg: Config, tag: str) -> None:
         if cfg.round_profile:   # (workers inherit the environment the Evaluator starts with)
             os.environ["KZ_WORKER_PROFILE"] = os.path.join(cfg.round_profile, f"run{run}")
             os.makedirs(os.environ["KZ_WORKER_PROFILE"], exist_ok=True)
-        cpu, stop = [], threading.Event()   # the host's busy fraction each second of the run
-        sampler = threading.Thread(target=sample_host_cpu, args=(cpu, stop), daemon=True)
-        sampler.start()
+        cpu, gpu, stop = [], [], threading.Event()   # the host's and the GPU's busy fractions during the run
+        samplers = [threading.Thread(target=sample_host_cpu, args=(cpu, stop), daemon=True),
+                    threading.Thread(target=sample_gpu_busy, args=(gpu, stop), daemon=True)]
+        for sampler in samplers:
+            sampler.start()
         t0 = time.perf_counter()
         with module.Evaluator(backend=cfg.round_backend, progress=False,
                               **{"gpu_workers": cfg.gpu_workers, **opts}) as ev:
@@ -907,7 +934,8 @@ def bench_round(cfg: Config, tag: str) -> None:
             map_s = time.perf_counter() - t1
         wall = time.perf_counter() - t0
         stop.set()
-        sampler.join()
+        for sampler in samplers:
+            sampler.join()
         spent = collections.Counter()
         for r in results:
             spent.update(r.details.get("phase_s", {}))
@@ -918,7 +946,8 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "ref_ms": [r.ref_runtime_ms for r in results], "reps": [r.details.get("reps") for r in results],
                          "trials_on": collections.Counter(r.details.get("trials_on") for r in results),
                          "timing_method": collections.Counter(r.details.get("timing_method") for r in results),
-                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(), **cpu_summary(cpu),
+                         "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(), **busy_summary(cpu, "cpu"),
+                         **busy_summary(gpu, "gpu"),
                          "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results)}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
         first = next(iter(runs))
@@ -928,7 +957,8 @@ def bench_round(cfg: Config, tag: str) -> None:
         print(f"{name}: {wall:.1f} s for {len(pairs)} candidates (map {map_s:.1f} s; {agree}/{len(pairs)} as labelled, "
               f"{rows[-1][-1]} ok, peak RSS {summary[name]['peak_rss_gb']:.1f} GB, host CPU busy "
               f"{summary[name]['cpu_busy_mean']} on average, over 90% in {summary[name]['cpu_busy_over_90pct']} "
-              f"of its seconds); seconds summed over candidates: "
+              f"of its seconds; GPU busy {summary[name]['gpu_busy_mean']}, over 90% in "
+              f"{summary[name]['gpu_busy_over_90pct']} of its half-seconds); seconds summed over candidates: "
               + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
               + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])

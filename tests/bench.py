@@ -3,6 +3,7 @@ from the H200), the rollout profile, the forced full-length generate and the gre
 import copy
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -162,8 +163,30 @@ def test_bench_host_cpu_sampler_sees_a_busy_core_and_summarises():
     stop.set()
     sampler.join()
     assert len(samples) >= 3 and all(0.0 <= x <= 1.0 for x in samples) and max(samples) > 0
-    assert bench.cpu_summary([0.5, 0.95, 1.0]) == {"cpu_busy_mean": 0.817, "cpu_busy_over_90pct": 0.667}
-    assert bench.cpu_summary([]) == {"cpu_busy_mean": None, "cpu_busy_over_90pct": None}
+    assert bench.busy_summary([0.5, 0.95, 1.0], "cpu") == {"cpu_busy_mean": 0.817, "cpu_busy_over_90pct": 0.667}
+    assert bench.busy_summary([], "gpu") == {"gpu_busy_mean": None, "gpu_busy_over_90pct": None}
+
+
+def test_bench_gpu_sampler_reads_nvidia_smi_lines_and_stops(tmp_path):
+    """The round's GPU record: nvidia-smi's utilization lines (percent) as fractions, "[N/A]" skipped, the query
+    asked for one GPU in a loop, and the sampler's nvidia-smi killed once the run stops; no nvidia-smi: no samples."""
+    import threading
+    smi, args = tmp_path / "fake-smi", tmp_path / "args"
+    smi.write_text(f"#!/bin/sh\necho \"$@\" > {args}\nprintf '12\\n95\\n[N/A]\\n100\\n'\nexec sleep 30\n")
+    smi.chmod(0o755)
+    samples, stop = [], threading.Event()
+    sampler = threading.Thread(target=bench.sample_gpu_busy, args=(samples, stop, 0.25, str(smi)), daemon=True)
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while len(samples) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()   # (the fake prints nothing more: the sampler ends only because its nvidia-smi is killed)
+    sampler.join(10)
+    assert not sampler.is_alive() and samples == [0.12, 0.95, 1.0]
+    assert "--query-gpu=utilization.gpu" in args.read_text() and "--loop-ms=250" in args.read_text()
+    nothing = []
+    bench.sample_gpu_busy(nothing, threading.Event(), 0.25, str(tmp_path / "absent"))
+    assert nothing == []
 
 
 def test_bench_processes_cpu_times_forked_children_and_syncing_processes(tmp_path):
