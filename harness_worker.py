@@ -9,9 +9,10 @@ The parent side is eval_harness.py (verdicts, the public API, and the pitfalls t
 in its docstring) and harness_processes.py (pools, the GPU gate, memory admission, time limits).
 
 Import direction: this module imports eval_harness (the options and tolerances it applies, _truncate,
-_format_exception) and harness_processes (memory_need, lock_file); neither imports this module, harness_processes only names it
-in its zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
-baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
+_format_exception) and harness_processes (memory_need, lock_file); neither imports this module, harness_processes
+only names it in its zygote's boot string. So there is no import cycle, the caller's process never loads the worker's
+code, and a baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's
+workers.
 
 A candidate runs in this module's process, so all three modules are the harness to it: the static check bans
 importing any of them and assigning into it (BANNED_IMPORTS, PROTECTED_ROOTS in static_checks.py), and
@@ -223,7 +224,8 @@ def _warm_up_gpu_worker(backend: str) -> None:
             from triton.compiler.compiler import max_shared_mem
             max_shared_mem(torch.cuda.current_device())
     if os.environ.get("KZ_GPU_LOCK"):   # (set with the option warm_harness_kernels)
-        _warm_up_harness_kernels("cuda", os.environ["KZ_GPU_LOCK"])
+        with contextlib.suppress(Exception):   # (a warm-up too: if it fails, the kernels load mid-trial as without it)
+            _warm_up_harness_kernels("cuda", os.environ["KZ_GPU_LOCK"])
 
 
 def _warm_up_harness_kernels(device: str, lock: str | None = None) -> None:
