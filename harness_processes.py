@@ -389,8 +389,11 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, sealed_file)
     follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds
     details["phase_s"] (seconds per phase, waits excluded), details["gpu_wait_s"], details["gpu_turns"] (requests
-    for the GPU turn), and details["mem_wait_s"] when the job waited for memory."""
+    for the GPU turn), details["mem_wait_s"] when the job waited for memory, and for a job that timed,
+    details["exclusive_s"] (seconds it held the GPU alone: every other worker on it waited meanwhile) and
+    details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn)."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
+    alone = {"since": None, "held": 0.0, "waited": 0.0}   # the exclusive turn: when taken, seconds held and waited
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
     pack_fd, known = job.get("pack_fd"), job.get("mem")
@@ -409,6 +412,10 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
         phase_s[phase] += time.monotonic() - clock
         reply.setdefault("details", {}).update(phase_s={k: round(v, 3) for k, v in phase_s.items()},
                                                gpu_wait_s=round(waited, 3), gpu_turns=turns)
+        if alone["since"] is not None:   # (still held: released after this reply)
+            alone["held"] += time.monotonic() - alone["since"]
+        if alone["held"]:
+            reply["details"].update(exclusive_s=round(alone["held"], 3), exclusive_wait_s=round(alone["waited"], 3))
         if mem_waited > 0.01:
             reply["details"]["mem_wait_s"] = round(mem_waited, 3)
         if worker.output_bytes > Worker.TAIL_BYTES:
@@ -452,7 +459,12 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                 elif gate:   # release what the worker holds, then wait for the mode it asks for ("none": nothing)
                     if held:
                         gate.release(held, held_fd)
+                    if alone["since"] is not None:
+                        alone["held"], alone["since"] = alone["held"] + start - alone["since"], None
                     held_fd = gate.acquire(message[1]) if message[1] != "none" else None
+                    if message[1] == "exclusive":
+                        alone["since"] = time.monotonic()
+                        alone["waited"] += alone["since"] - start
                 if message[0] == "gpu":   # (each request is a round trip through this thread: counted)
                     held, turns = (message[1] if message[1] != "none" else None), turns + 1
                 wait = time.monotonic() - start

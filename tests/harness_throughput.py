@@ -623,6 +623,67 @@ def test_harness_gpu_workers_get_one_hardware_queue_per_context(monkeypatch):
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in hp.worker_env("cpu", "triton", eh.DEFAULTS, "run")
 
 
+class _ScriptedWorker:
+    """A stand-in for harness_processes.Worker whose other end of the pipe a test drives (run_job's side is real)."""
+    output_bytes, pid = 0, 0
+
+    def __init__(self):
+        import multiprocessing
+        self.conn, self.other = multiprocessing.Pipe()
+
+    def exit_code(self, timeout=5.0):
+        return 0
+
+    def log_tail(self, n=1200):
+        return ""
+
+    def kill(self):
+        self.conn.close()
+
+
+def test_harness_exclusive_turn_time_is_reported():
+    """run_job reports how long a job held the GPU alone (exclusive_s: every other worker on the GPU waits that long)
+    and how long it waited for that turn (exclusive_wait_s, part of gpu_wait_s), counted until it asks for another
+    turn; a job that never timed reports neither."""
+    gate, limits = hp.Gate(), {"startup": 30.0, "run": 30.0}
+
+    def run(script) -> dict:
+        worker, box = _ScriptedWorker(), {}
+        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits, gate)))
+        thread.start()
+        script(worker.other)
+        thread.join(30)
+        return box["r"]["details"]
+
+    def timer(conn):
+        conn.send(("ready", 0))
+        assert conn.recv()["kind"] == "evaluate"
+        conn.send(("gpu", "shared"))
+        conn.recv()
+        other = gate.acquire("shared")   # another worker is mid-trial: the timer waits for it
+        threading.Timer(0.3, lambda: gate.release("shared", other)).start()
+        conn.send(("gpu", "exclusive"))
+        conn.recv()
+        time.sleep(0.4)   # the timed reps
+        conn.send(("gpu", "shared"))
+        conn.recv()
+        time.sleep(0.2)   # checks after timing, not alone
+        conn.send(("result", {"error_kind": "ok"}))
+
+    details = run(timer)
+    assert 0.35 < details["exclusive_s"] < 1.5 and 0.25 < details["exclusive_wait_s"] < 1.5, details
+    assert details["gpu_wait_s"] >= details["exclusive_wait_s"] and details["gpu_turns"] == 3
+
+    def checker(conn):
+        conn.send(("ready", 0))
+        conn.recv()
+        conn.send(("gpu", "shared"))
+        conn.recv()
+        conn.send(("result", {"error_kind": "mismatch"}))
+
+    assert "exclusive_s" not in run(checker)
+
+
 def test_harness_kernel_warm_up_is_asked_through_the_gpu_lock(monkeypatch):
     """With warm_harness_kernels, a GPU run-worker's environment names the GPU's lock file (KZ_GPU_LOCK), under which
     it warms its kernels up while idle; off (the default), without a lock file, for compile or CPU workers, it is not
