@@ -496,7 +496,9 @@ def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
     return n
 
 
-_FINGERPRINT_CHUNK = 2**24   # words per step: bounds the int64 temporaries (~400 MB) of a multi-GB output
+# words per step: bounds the int64 temporaries (~50 MB) of a multi-GB output, and keeps a step's weights, a * index
+# + b for index < 2^21 with a, b < 2^31, under 2^53: exact even where arange sizes its output in double precision
+_FINGERPRINT_CHUNK = 2**21
 _FINGERPRINT_PRIME = 2**31 - 1
 
 
@@ -513,9 +515,13 @@ def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
         words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
         total = torch.zeros((), dtype=torch.int64, device=t.device)
         for i in range(0, words.numel(), _FINGERPRINT_CHUNK):
-            w = words[i:i + _FINGERPRINT_CHUNK].to(torch.int64)
-            weight = (torch.arange(i, i + w.numel(), dtype=torch.int64, device=t.device) * a + b) % _FINGERPRINT_PRIME
-            total += (w * weight).sum()
+            w = words[i:i + _FINGERPRINT_CHUNK]
+            # (a*index + b) mod p for this step's indices: (a*(i + j) + b) = c + a*j with c = (a*i + b) mod p, one
+            # arange and one mod in place (arange, *, + and % took four passes over int64 memory)
+            c = (a * i + b) % _FINGERPRINT_PRIME
+            weight = torch.arange(c, c + a * w.numel(), a, dtype=torch.int64, device=t.device)
+            # the words widen to int64 inside the multiply (type promotion), with no int64 copy of them first
+            total += torch.mul(w, weight.remainder_(_FINGERPRINT_PRIME)).sum()
         sums.append(total)   # (left on the device: the caller reads many at once, _host_ints)
     return sums
 

@@ -1121,6 +1121,14 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     assert _fingerprint(x, key + 1) != fp
     monkeypatch.setattr(hw, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
     assert _fingerprint(x, key) == fp
+    # the definition, in Python integers: sum of word_i * ((a*i + b) mod p), wrapped to a signed 64-bit value
+    import struct
+    for k in (key, 2**64 - 1, 0):
+        p = hw._FINGERPRINT_PRIME
+        a, b = k % (p - 1) + 1, (k >> 32) % p
+        words = struct.unpack(f"<{x.numel()}i", x.numpy().tobytes())
+        total = sum(w * ((a * i + b) % p) for i, w in enumerate(words)) % 2**64
+        assert _fingerprint(x, k) == [total - 2**64 if total >= 2**63 else total]
     for t in (torch.arange(7, dtype=torch.uint8), torch.ones(3, dtype=torch.bool), torch.randn(5).half(),
               torch.randn(4, 4).t()):   # 7 and 3 bytes: byte words; a transposed (non-contiguous) view
         assert _fingerprint(t, key) == _fingerprint(t.clone(), key)
