@@ -1250,7 +1250,7 @@ def _timing_rule(opts: dict) -> dict:
 
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
-                 headroom_us: float = 0, graphs: bool = False, exclusive=None) -> dict:
+                 headroom_us: float = 0, graphs: bool = False, exclusive=None, after=None) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
     Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
     outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
@@ -1260,7 +1260,9 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush
     (DEFAULTS["timing_headroom_us"]).
     `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
-    warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that."""
+    warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that. `after()`, if
+    given, is called once the timed reps are done: the caller gives the GPU back to the others there (the checks
+    that follow need no quiet GPU)."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
     # alternate values between reps. A trial kept on the GPU is used as it is (the models only ever get copies of its
     # inputs, and its fingerprinted outputs are the caller's to check: a 6.4 GB task holds no second copy); a
@@ -1306,7 +1308,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
             torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
         end.record()
         end.synchronize()
-        if check:
+        if check:   # (at once: a copy kept for later would be memory that the candidate's next reps can rewrite)
             times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
         return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
 
@@ -1333,8 +1335,10 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
             if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
                 break
+    if after is not None:
+        after()
     # compared on the GPU (the host copy goes there): a pageable copy of a large output to the host would take a
-    # large part of a second inside the exclusive turn
+    # large part of a second
     times["ref_intact"] = all(_same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
                               for host, gpu_copy in zip(_tensors(tr["out"]), _tensors(out)))
     return times
@@ -1353,10 +1357,14 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     # re-checked: a legitimate candidate may launch its compiled kernel past the counter after the first call.)
     ops = collections.Counter(instr.ops)
     timed = instr.recorded_when_captured(ev.cand_model)
-    try:   # input copies, graph captures and warm-up still under the shared turn; the timed reps alone
+    # input copies, graph captures and warm-up under the shared turn, the timed reps alone, and the checks after
+    # them shared again (a job that holds the GPU alone throughout, a rerun after an out-of-memory, keeps it)
+    alone = (lambda: _gpu_turn(conn, "exclusive"))
+    shared = (lambda: _gpu_turn(conn, "shared")) if ev.turn == "shared" else None
+    try:
         times = _time_models({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
-                             checked="cand", tol=(ev.atol, ev.rtol),
-                             exclusive=lambda: _gpu_turn(conn, "exclusive"), **_timing_rule(opts))
+                             checked="cand", tol=(ev.atol, ev.rtol), exclusive=alone, after=shared,
+                             **_timing_rule(opts))
     except Exception as e:
         return ev.failed(_classify(e), _format_exception(e))
     hit = instr.verify()
@@ -1384,7 +1392,8 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     if opts["compile_baseline"] and ev.ref_model is not None:   # after verify(): torch.compile starts threads
         try:
             compiled = torch.compile(ev.ref_model)
-            ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"])["compiled"])
+            ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"],
+                                      exclusive=alone, after=shared)["compiled"])
             details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(_median(cand_ms), 1e-9))
         except Exception as e:   # the baseline is optional: report, do not fail the candidate
             details["compile_baseline_error"] = _truncate(_format_exception(e), 300)

@@ -1022,7 +1022,8 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     input sets, and the spot checks still read the replayed outputs. A capture that fails, or a graph that does not
     recompute (a kernel launched on the legacy stream runs once during the capture and is not in the graph), makes
     every model be timed eagerly, with the reason, and the verdict data stays right. The caller's exclusive turn
-    is asked for once, after the captures and the warm-up reps, before the timed ones."""
+    is asked for once, after the captures and the warm-up reps, before the timed ones, and given back (after())
+    once, right after the last timed rep and its spot check."""
     log = []
     trials = _stand_in_cuda_events(monkeypatch, log)
     torch, cpu = eh.torch, eh.torch.device("cpu")
@@ -1043,15 +1044,16 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     monkeypatch.setattr(hw, "_capture", capture)
     rule = hw._timing_rule(eh.DEFAULTS)
     assert rule["graphs"] and rule["adaptive"]   # the defaults
-    exclusive = lambda: log.append("exclusive")  # noqa: E731
+    exclusive, after = lambda: log.append("exclusive"), lambda: log.append("after")  # noqa: E731
     times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
-                            tol=(1e-4, 1e-4), exclusive=exclusive, **rule)
+                            tol=(1e-4, 1e-4), exclusive=exclusive, after=after, **rule)
     assert times["method"] == "graph" and "graph_fallback" not in times and times["ref_intact"]
     assert times["bad_output"] == [False] * hw.SPOT_CHECKS
-    i = log.index("exclusive")
+    i, j = log.index("exclusive"), log.index("after")
     assert log.count("exclusive") == 1 and log[:i].count("record") == 2 * 2 * 2   # warm-up: 2 reps x 2 models
     assert log[:i].count("replay") == 2 * 2 + 2 * 2   # the two-set check, then 2 warm-up reps, per model
-    assert log[i + 1:].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
+    assert log[i + 1:j].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
+    assert log.count("after") == 1 and "replay" not in log[j:] and "record" not in log[j:]
 
     first = torch.relu(trials[0]["inputs"][0])   # a candidate whose output is the first set's, whatever its input
     replay = hw._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
