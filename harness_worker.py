@@ -348,18 +348,24 @@ def _copy_out(out, where="cpu"):
     raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
 
 
-def _same(a, b) -> bool:
-    """Bit-for-bit equality (NaN equal to NaN) for inputs before/after a call."""
+def _unchanged(a, b):
+    """Whether b equals a, element for element with NaN equal to NaN (inputs before and after a call): a 0-dim bool
+    tensor where `a` lives, not read yet, so that a caller reads many with one host read (_host_ints); a Python bool
+    for values that are not tensors, or tensors of another shape or dtype."""
     if not isinstance(a, torch.Tensor):
         return a == b if not isinstance(b, torch.Tensor) else False
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
         return False
     b = b.to(a.device)
-    if torch.equal(a, b):   # the common case first: no NaN-mask temporaries of a 256 MB input
-        return True
-    if not a.is_floating_point():
-        return False
-    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+    equal = a == b
+    if a.is_floating_point() or a.is_complex():
+        equal |= a.isnan() & b.isnan()
+    return equal.all()
+
+
+def _same(a, b) -> bool:
+    """_unchanged, read at once."""
+    return bool(_unchanged(a, b))
 
 
 def _load_module(src: str, name: str):
@@ -527,8 +533,10 @@ def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
 
 
 def _host_ints(scalars: list[torch.Tensor]) -> list[int]:
-    """Device scalars to Python ints with one host sync (_compare says why that matters)."""
-    return torch.stack(scalars).tolist() if scalars else []
+    """0-dim tensors of one device (int64 sums, booleans) to Python ints with one host read: on a GPU that other
+    worker processes share, every read waits for their time slices (~1 ms each with 8 of them busy), and a candidate
+    would otherwise make dozens."""
+    return torch.stack([s.to(torch.int64) for s in scalars]).tolist() if scalars else []
 
 
 def _outputs_intact(trials: list) -> bool:
@@ -538,6 +546,11 @@ def _outputs_intact(trials: list) -> bool:
     kept = [tr for tr in trials if "fp" in tr]
     sums = _host_ints([s for tr in kept for s in _fingerprint_sums(tr["out"], tr["fp"][0])])
     return sums == [v for tr in kept for v in tr["fp"][1]]
+
+
+def _within_kernels_reach(out) -> bool:
+    """Whether a reference output is kept where a candidate's kernels could rewrite it: GPU memory."""
+    return any(t.is_cuda for t in _tensors(out))
 
 
 def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
@@ -551,7 +564,10 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
     waiting timer gets the GPU there)."""
     key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
-    trials, mutates, pending = [], False, []   # pending: (trial, its fingerprint sums still on the device)
+    trials, pending = [], []   # pending: (trial, its fingerprint sums still on the device)
+    # read at the end with the fingerprints, in one host read: inputs the reference left as they were, and whether
+    # it was finite on the heavy-tailed draw (the last one)
+    unchanged, finite, mutates = [], [], False
     allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
     for i, (inputs, heavy) in enumerate(draws):
         if not heavy and len(trials) >= allowed:
@@ -562,21 +578,29 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
         with torch.no_grad():
             produced = ref_model(*args)
         out = _copy_out(produced, store)
-        finite = not heavy or all(bool(torch.isfinite(o).all()) for o in _tensors(produced) if o.is_floating_point())
-        mutates |= not all(_same(a, x) for a, x in zip(args, inputs))   # (checked where made: no host-side scan)
+        if heavy:
+            finite = [torch.isfinite(o).all() for o in _tensors(produced) if o.is_floating_point()]
+        for a, x in zip(args, inputs):   # (checked where made: no host-side scan)
+            same = _unchanged(a, x)
+            if isinstance(same, torch.Tensor):
+                unchanged.append(same)
+            else:
+                mutates |= not same
         del args, produced
-        if not finite:
-            details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
-            break
         trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
                        "out": out, "heavy": heavy})
-        if any(t.is_cuda for t in _tensors(out)):
+        if _within_kernels_reach(out):
             pending.append((trials[-1], _fingerprint_sums(out, key)))
         if len(trials) == 1:
             allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
-    sums = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums]))   # (one host sync for them all)
+    flags = [f.to(device) for f in unchanged + finite]   # (the reference's outputs may sit elsewhere)
+    values = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums] + flags))
     for trial, trial_sums in pending:   # on the host before the candidate exists: out of its kernels' reach
-        trial["fp"] = (key, [next(sums) for _ in trial_sums])
+        trial["fp"] = (key, [next(values) for _ in trial_sums])
+    mutates |= not all([next(values) for _ in unchanged])   # (lists: all() stops at the first False)
+    if not all([next(values) for _ in finite]):
+        trials.pop()   # (the heavy draw is the last one)
+        details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
     details["heavy_trial"] = details.get("heavy_trial", any(tr["heavy"] for tr in trials))
     return trials, mutates
 
@@ -987,35 +1011,46 @@ def _build_candidate(ev: _Evaluation) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Stage 3: correctness trials
 
-def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None, str | None, str, dict]:
-    """(error_kind or None, check or None, message, stats) for a candidate output against the reference output."""
+def _compare(out, ref_out, device, atol: float, rtol: float,
+             read_with: list | tuple = ()) -> tuple[str | None, str | None, str, dict]:
+    """(error_kind or None, check or None, message, stats) for a candidate output against the reference output.
+    The numbers of every output come back in one host read (on a GPU that other worker processes share, each read
+    waits for their time slices, and this runs for every trial), and with them `read_with`: the caller's own 0-dim
+    device tensors, whose values come back as stats["read_with"]."""
+    stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+
+    def verdict(kind=None, check=None, message=""):
+        if "read_with" not in stats:   # (an answer the host could give alone: the caller's values read on their own)
+            stats["read_with"] = _host_ints(list(read_with))
+        return kind, check, message, stats
+
     if isinstance(ref_out, torch.Tensor):
         pairs = [(out, ref_out)]
     elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
         pairs = list(zip(out, ref_out))
     else:
-        return "mismatch", None, f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}", {}
-    stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+        return verdict("mismatch", None,
+                       f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}")
+    numbers = []   # (output index, output, its numbers still on the device)
     for i, (o, r) in enumerate(pairs):
         if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            return "reward_hack", "output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor", stats
+            return verdict("reward_hack", "output_type",
+                           f"output {i} is a {type(o).__name__}, not a plain torch.Tensor")
         if type(o) is not torch.Tensor:
-            return "mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor", stats
+            return verdict("mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor")
         if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
-            return "reward_hack", "output_storage", f"output {i} has no real storage", stats
+            return verdict("reward_hack", "output_storage", f"output {i} has no real storage")
         if o.device.type != device.type:
-            return "mismatch", None, f"output {i} is on {o.device}, expected {device.type}", stats
+            return verdict("mismatch", None, f"output {i} is on {o.device}, expected {device.type}")
         if o.shape != r.shape or o.dtype != r.dtype:
-            return "mismatch", None, f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}", stats
+            return verdict("mismatch", None,
+                           f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}")
         r = r.to(o.device)
         if not o.is_floating_point():
-            if not torch.equal(o, r):
-                return "mismatch", None, f"output {i}: {int((o != r).sum())} of {o.numel()} values differ", stats
+            numbers.append((i, o, [(o != r).sum()]))   # exact: how many values differ
             continue
         if not o.numel():
             continue
-        # Four numbers, one host sync: on a GPU shared by several worker processes a sync waits for the others' time
-        # slices, and this runs for every trial
         o32, r32 = (o.float(), r.float()) if o.dtype in (torch.float16, torch.bfloat16) else (o, r)
         finite = torch.isfinite(o32) & torch.isfinite(r32)
         diff = torch.where(finite, (o32 - r32).abs(), torch.zeros_like(o32))
@@ -1023,24 +1058,36 @@ def _compare(out, ref_out, device, atol: float, rtol: float) -> tuple[str | None
         max_rel = (diff / r32.abs().nan_to_num(nan=1.0).clamp_min(atol)).max()   # (a NaN made every max NaN)
         new_nan = (o.isnan() & ~r.isnan()).sum()
         bad = (~torch.isclose(o, r, atol=atol, rtol=rtol, equal_nan=True)).sum()   # (allclose is "none bad")
-        new_nan, max_abs, max_rel, bad = torch.stack([new_nan.double(), diff.max().double(), max_rel.double(),
-                                                      bad.double()]).tolist()
+        numbers.append((i, o, [new_nan, diff.max(), max_rel, bad]))
+    scalars = [x.double() for _, _, xs in numbers for x in xs] + [x.double() for x in read_with]
+    values = iter(torch.stack(scalars).tolist() if scalars else [])   # (the one host read)
+    read = [[next(values) for _ in xs] for _, _, xs in numbers]
+    stats["read_with"] = [int(v) for v in values]
+    for (i, o, _), got in zip(numbers, read):   # in output order, as if each had been read on its own
+        if len(got) == 1:
+            if got[0]:
+                return verdict("mismatch", None, f"output {i}: {int(got[0])} of {o.numel()} values differ")
+            continue
+        new_nan, max_abs, max_rel, bad = got
         if new_nan:
-            return "mismatch", None, f"output {i}: NaN where the reference is not (uninitialised memory?)", stats
+            return verdict("mismatch", None, f"output {i}: NaN where the reference is not (uninitialised memory?)")
         stats["max_abs_err"] = max(stats["max_abs_err"], max_abs)
         stats["max_rel_err"] = max(stats["max_rel_err"], max_rel)
         if bad:
-            return "mismatch", None, (f"output {i}: {int(bad)} of {o.numel()} values outside atol={atol:g} "
-                                      f"rtol={rtol:g} (max abs err {stats['max_abs_err']:.3g})"), stats
-    return None, None, "", stats
+            return verdict("mismatch", None, (f"output {i}: {int(bad)} of {o.numel()} values outside atol={atol:g} "
+                                              f"rtol={rtol:g} (max abs err {stats['max_abs_err']:.3g})"))
+    return verdict()
 
 
 def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
     """The heavy-tailed trial's outputs are larger; scale atol by how much (keeps the same relative demand)."""
     if not trial["heavy"]:
         return atol, rtol
-    mean_abs = lambda out: sum(float(t.float().abs().mean()) for t in _tensors(out) if t.numel()) or 1.0  # noqa: E731
-    return atol * max(1.0, mean_abs(trial["out"]) / mean_abs(trials[0]["out"])), rtol
+    heavy = [t.float().abs().mean() for t in _tensors(trial["out"]) if t.numel()]
+    first = [t.float().abs().mean() for t in _tensors(trials[0]["out"]) if t.numel()]
+    means = torch.stack(heavy + first).double().tolist() if heavy + first else []   # (one host read for both)
+    heavy_mean, first_mean = sum(means[:len(heavy)]) or 1.0, sum(means[len(heavy):]) or 1.0
+    return atol * max(1.0, heavy_mean / first_mean), rtol
 
 
 _REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
@@ -1076,10 +1123,13 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
             hit = instr.verify()
             if hit:
                 return ev.failed("reward_hack", hit[1], hit[0])
-            if not ev.ref_mutates and not all(_same(a, p) for a, p in zip(args, pristine)):
-                return ev.failed("reward_hack", "the candidate modified its inputs", "input_mutation")
+            # the inputs checked in the comparison's host read (one read per trial, not one per input more)
+            unchanged = [] if ev.ref_mutates else [_unchanged(a, p) for a, p in zip(args, pristine)]
             kind, check, message, stats = _compare(out, trial["out"], device,
-                                                   *_heavy_tol(trial, trials, ev.atol, ev.rtol))
+                                                   *_heavy_tol(trial, trials, ev.atol, ev.rtol),
+                                                   read_with=[u for u in unchanged if isinstance(u, torch.Tensor)])
+            if not (all(u for u in unchanged if not isinstance(u, torch.Tensor)) and all(stats["read_with"])):
+                return ev.failed("reward_hack", "the candidate modified its inputs", "input_mutation")
             details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
             details["max_rel_err"] = max(details.get("max_rel_err", 0.0), stats.get("max_rel_err", 0.0))
             if kind:

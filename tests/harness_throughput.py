@@ -1152,14 +1152,57 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     assert hw._outputs_intact([]) and hw._host_ints([]) == []
 
 
+def test_harness_reference_trials_read_their_checks_at_once(monkeypatch):
+    """_make_trials reads the reference's input checks and the heavy draw's finiteness with the fingerprints, in one
+    host read at the end: a reference that writes to its inputs is seen (its candidates' input checks are then off),
+    and a heavy-tailed draw on which the reference is not finite is dropped, the normal ones kept."""
+    torch = eh.torch
+    cpu, opts = torch.device("cpu"), dict(eh.DEFAULTS)
+    torch.manual_seed(0)
+    draws = [([torch.randn(8)], False), ([torch.randn(8)], False), ([torch.randn(8) * 100], True)]
+
+    def run(forward):
+        details = {}
+        trials, mutates = hw._make_trials(forward, [([x.clone() for x in xs], h) for xs, h in draws], cpu, opts,
+                                          details)
+        return trials, mutates, details["heavy_trial"]
+
+    trials, mutates, heavy = run(torch.relu)
+    assert len(trials) == 3 and not mutates and heavy is True
+    assert torch.equal(trials[2]["out"], torch.relu(draws[2][0][0]))
+    trials, mutates, heavy = run(lambda x: x.mul_(2).clone())   # in place: the stored inputs stay as drawn
+    assert mutates and len(trials) == 3 and torch.equal(trials[0]["inputs"][0], draws[0][0][0])
+    blows_up = lambda x: torch.where(x.abs() < 50, x, torch.tensor(float("inf")))  # noqa: E731  (finite when normal)
+    trials, mutates, heavy = run(blows_up)
+    assert len(trials) == 2 and not any(tr["heavy"] for tr in trials) and not mutates
+    assert heavy == "skipped: the reference is not finite on heavy-tailed inputs"
+    # outputs on the GPU get fingerprints, read in the same go: each trial's own, and the checks still right
+    monkeypatch.setattr(hw, "_within_kernels_reach", lambda out: True)
+    for forward, mutating in ((torch.relu, False), (lambda x: x.mul_(2).clone(), True)):
+        trials, mutates, heavy = run(forward)
+        assert mutates == mutating and heavy is True and len(trials) == 3
+        assert all(tr["fp"][1] == _fingerprint(tr["out"], tr["fp"][0]) for tr in trials)
+    trials, mutates, heavy = run(blows_up)
+    assert len(trials) == 2 and heavy.startswith("skipped") and hw._outputs_intact(trials)
+
+
 def test_harness_compare_verdicts_messages_and_error_stats():
-    """_compare reads its four numbers at once; its verdicts, messages and error statistics: NaN where the
+    """_compare reads the numbers of all outputs at once; its verdicts, messages and error statistics: NaN where the
     reference has none comes first, then the count of values outside the tolerance; empty and integer outputs; the
-    largest absolute and relative errors over the outputs of a tuple."""
+    largest absolute and relative errors over the outputs of a tuple; the caller's device values read along
+    (read_with), also where the host alone gave the verdict."""
     torch = eh.torch
     cpu = torch.device("cpu")
     r = torch.tensor([1.0, -2.0, 4.0, float("nan")])
-    assert hw._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0})
+    assert hw._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0,
+                                                                           "read_with": []})
+    flags = [torch.tensor(True), torch.tensor(False)]
+    assert hw._compare(r.clone(), r, cpu, 1e-4, 1e-4, read_with=flags)[3]["read_with"] == [1, 0]
+    kind, _, _, stats = hw._compare(r.half(), r, cpu, 1e-4, 1e-4, read_with=flags)   # (a dtype mismatch: no numbers)
+    assert kind == "mismatch" and stats["read_with"] == [1, 0]
+    kind, _, message, stats = hw._compare((r.clone(), torch.tensor([1, 5])), (r, torch.tensor([1, 2])), cpu, 1e-4,
+                                          1e-4, read_with=flags[:1])   # outputs in order: the integer one differs
+    assert kind == "mismatch" and message == "output 1: 1 of 2 values differ" and stats["read_with"] == [1]
     o = r.clone()
     o[0] += 0.5
     o[2] = float("nan")
