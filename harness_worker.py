@@ -962,9 +962,10 @@ def _poison_cuda_allocator() -> None:
     storage, a C++ allocation) holds no stale result, such as the reference's freed output (pitfall #1). Each free
     block is taken by asking for exactly its size (the allocator's best fit), filled, and given back: no driver call.
     Memory the cache has not got comes fresh from cudaMalloc, and this process never returned any to the driver
-    before the candidate's calls (no empty_cache), so no old result of ours can be in it."""
-    torch.cuda.synchronize()
-    torch.empty(1, device="cuda")   # an allocation first: frees deferred by record_stream become free blocks
+    before the candidate's calls (no empty_cache), so no old result of ours can be in it. No host sync first: the
+    fills are ordered on the stream after whatever used those blocks last, and a free deferred by record_stream
+    (not complete yet, so not in the cache) can only be the candidate's own tensor: the harness never records one."""
+    torch.empty(1, device="cuda")   # an allocation first: completed record_stream frees become free blocks
     free = [block["size"] for segment in torch.cuda.memory_snapshot() for block in segment["blocks"]
             if block["state"] == "inactive"]
     held = [torch.empty(size, dtype=torch.uint8, device="cuda") for size in sorted(free, reverse=True)]
