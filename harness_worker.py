@@ -522,8 +522,8 @@ def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
         total = torch.zeros((), dtype=torch.int64, device=t.device)
         for i in range(0, words.numel(), _FINGERPRINT_CHUNK):
             w = words[i:i + _FINGERPRINT_CHUNK]
-            # (a*index + b) mod p for this step's indices: (a*(i + j) + b) = c + a*j with c = (a*i + b) mod p, one
-            # arange and one mod in place (arange, *, + and % took four passes over int64 memory)
+            # (a*index + b) mod p for this step's indices i + j: that is (c + a*j) mod p with c = (a*i + b) mod p,
+            # so one arange and one mod in place (arange, *, + and % took four passes over int64 memory)
             c = (a * i + b) % _FINGERPRINT_PRIME
             weight = torch.arange(c, c + a * w.numel(), a, dtype=torch.int64, device=t.device)
             # the words widen to int64 inside the multiply (type promotion), with no int64 copy of them first
