@@ -261,6 +261,24 @@ class Gate:
                 self.exclusive = True
         return lock_file(self.lock_path, mode) if self.lock_path else None   # 2. other processes' holders
 
+    def timer_waiting(self) -> bool:
+        """Whether a timer waits for this GPU: in this process (counted here), or in any process (it holds the lock
+        file's turnstile while it waits; a shared holder taking its turn holds it for a moment too, which only makes
+        a worker yield once for nothing)."""
+        with self.cond:
+            if self.waiting:
+                return True
+        if not self.lock_path:
+            return False
+        fd = os.open(self.lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)   # (closing unlocks)
+
     def release(self, mode: str, fd: int | None = None) -> None:
         if fd is not None:
             os.close(fd)   # drops the flock
@@ -389,7 +407,8 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, sealed_file)
     follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds
     details["phase_s"] (seconds per phase, waits excluded), details["gpu_wait_s"], details["gpu_turns"] (requests
-    for the GPU turn), details["mem_wait_s"] when the job waited for memory, and for a job that timed,
+    for the GPU turn; between trials a worker first asks whether a timer waits, and passes its turn only then),
+    details["mem_wait_s"] when the job waited for memory, and for a job that timed,
     details["exclusive_s"] (seconds it held the GPU alone: every other worker on it waited meanwhile) and
     details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn)."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
@@ -475,6 +494,9 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                 deadline, clock = deadline + wait, clock + wait
                 with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
                     worker.conn.send(("go",))
+            elif message[0] == "timer?":   # a worker between two trials: should it give its turn back?
+                with contextlib.suppress(OSError):
+                    worker.conn.send(bool(gate is not None and gate.timer_waiting()))
             elif message[0] == "result":
                 return finish(message[1])
     finally:

@@ -287,6 +287,15 @@ def _pass_turn(conn: Connection, device: str, mode: str = "shared") -> None:
     _gpu_turn(conn, mode)
 
 
+def _yield_turn(conn: Connection, device: str) -> None:
+    """Between two trials (or reference outputs): give the shared GPU turn back if a timer waits for the GPU, so that
+    it waits for one trial of each holder, not for their whole checks. The parent knows whether one waits (Gate.
+    timer_waiting); most of the time none does, and then the turn is kept, without the host sync a pass needs."""
+    conn.send(("timer?",))
+    if conn.recv():
+        _pass_turn(conn, device)
+
+
 _CUDA_FATAL = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
                          r"CUBLAS_STATUS|misaligned address|cudaErrorLaunch")
 
@@ -633,7 +642,7 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     clock = time.monotonic()
     ref_model = _build_model(ref.Model, init_inputs, device, opts)
     # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
-    between = (lambda: _pass_turn(conn, device.type)) if turn == "shared" else None
+    between = (lambda: _yield_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
                                        between)
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
@@ -793,10 +802,9 @@ class _Instrumentation:
 
     def yield_turn(self) -> None:
         """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
-        whole check (the parent gives the shared turn back and waits for it again, behind any waiting timer). So
-        a timer waits for one trial of each holder instead of their whole checks."""
+        whole check (_yield_turn)."""
         if self.turn is not None:
-            _pass_turn(self.turn, self.device)
+            _yield_turn(self.turn, self.device)
 
     @contextlib.contextmanager
     def candidate_call(self):

@@ -432,6 +432,33 @@ def test_harness_gate_caps_its_shared_holders():
         eh.Evaluator(device="cpu", gpu_checkers=0)
 
 
+def test_harness_gate_says_when_a_timer_waits(tmp_path):
+    """Gate.timer_waiting (what a worker asks between trials): no while only checkers hold the GPU; yes while a timer
+    of this process waits for the checkers to leave, or while one of another process waits (it holds the lock file's
+    turnstile)."""
+    for path in (None, str(tmp_path / "gpu.lock")):
+        gate = hp.Gate(path)
+        fd = gate.acquire("shared")
+        assert not gate.timer_waiting()
+        timer = threading.Thread(target=lambda: gate.release("exclusive", gate.acquire("exclusive")))
+        timer.start()
+        deadline = time.monotonic() + 5
+        while not gate.timer_waiting() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gate.timer_waiting()
+        gate.release("shared", fd)
+        timer.join(5)
+        assert not timer.is_alive() and not gate.timer_waiting()
+    other = hp.lock_file(path, "shared")   # a checker of another process, and that process's waiting timer
+    waiting = threading.Thread(target=lambda: os.close(hp.lock_file(path, "exclusive")))
+    waiting.start()
+    time.sleep(0.3)
+    assert hp.Gate(path).timer_waiting() and not hp.Gate(None).timer_waiting()
+    os.close(other)
+    waiting.join(5)
+    assert not waiting.is_alive() and not hp.Gate(path).timer_waiting()
+
+
 def test_harness_gate_holds_across_processes(tmp_path):
     """A gate with a lock file (every Evaluator on a GPU has one) holds across processes: a timer waits while another
     process checks correctness, and a third process's new shared holder queues behind the waiting timer (writer
@@ -553,6 +580,32 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
     assert not started_before_turn(RELU_TASK.replace("import torch\n", "import torch  # inputs could be on cuda\n", 1))
 
 
+def test_harness_worker_gives_its_turn_back_between_trials_only_to_a_waiting_timer():
+    """Between reference outputs and between trials a worker asks its parent whether a timer waits for the GPU
+    (Gate.timer_waiting): if one does, it gives its shared turn back and waits for it again (one more turn each
+    time, and on a GPU a host sync first); if none does, it keeps the turn. Same verdict either way."""
+    def turns(timer_waits: bool) -> dict:
+        gate = hp.Gate()
+        gate.timer_waiting = lambda: timer_waits
+        job = {"kind": "evaluate", "ref_src": RELU_TASK, "cand_src": GOOD_RELU, "backend": "triton", "device": "cpu",
+               "opts": eh.DEFAULTS}
+        zygote = hp.Zygote(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"))
+        try:
+            reply = hp.run_job(hp.Worker(zygote), job, {"startup": 300.0, "reference": 60.0, "compile": 60.0,
+                                                         "run": 60.0}, gate)
+        finally:
+            zygote.close()
+        assert reply["error_kind"] == "ok", reply
+        return reply["details"]
+
+    kept, passed = turns(False), turns(True)
+    trials = kept["trials"]
+    assert kept["gpu_turns"] == 1   # the reference's
+    # + one pass (the parent gives the turn back and waits for it again) before every reference output but the
+    # first, and before every trial but the first
+    assert passed["gpu_turns"] == 1 + (trials - 1) + (trials - 1), passed
+
+
 def test_harness_trials_capped_by_host_memory():
     """max_trial_gb bounds the host copies of trial inputs and outputs: fewer normal trials, the heavy one kept."""
     capped = eh.evaluate(RELU_TASK, GOOD_RELU, backend="triton", device="cpu", max_trial_gb=3.5 * 4 * 4096 / 2**30)
@@ -569,9 +622,8 @@ def test_harness_phase_times_and_gpu_turns_in_details():
     phases = result.details["phase_s"]
     assert {"startup", "reference", "compile", "run"} <= set(phases) and all(v >= 0 for v in phases.values())
     assert result.details["gpu_wait_s"] < 1.0   # no gate on the CPU: no waiting
-    # one turn for the reference, one more per later reference output and per later trial (each a round trip)
-    trials = result.details["trials"]
-    assert result.details["gpu_turns"] >= 1 + 2 * (trials - 1), result.details
+    # one turn for the reference; no timer ever waits without a gate, so the trials never give it back
+    assert result.details["gpu_turns"] == 1, result.details
     hung = eh.evaluate(RELU_TASK, _harness_relu("while True:\n    pass"), backend="triton", device="cpu",
                        run_timeout=3)
     assert hung.error_kind == "timeout" and 2.5 < hung.details["phase_s"]["run"] < 30, hung
