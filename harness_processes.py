@@ -270,7 +270,7 @@ class Gate:
                 return True
         if not self.lock_path:
             return False
-        fd = os.open(self.lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_turnstile(self.lock_path)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return False
@@ -290,13 +290,17 @@ class Gate:
             self.cond.notify_all()
 
 
+def _open_turnstile(lock_path: str) -> int:
+    """The lock file's turnstile: a timer holds it while it waits, so that new holders of any process queue behind."""
+    return os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+
+
 def lock_file(lock_path: str, mode: str) -> int:
     """A GPU's machine-wide turn, "shared" or "exclusive", as flock(2) on its lock file (gpu_lock_path); closing the
     returned descriptor gives it back. One descriptor per holder: flock locks belong to an open file, so two opens of
     one file conflict even within a process. Used by Gate, and by an idle GPU worker that launches warm-up kernels
     (harness_worker._warm_up_harness_kernels) without a job, hence without a parent to ask."""
-    turnstile = os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    turnstile, fd = _open_turnstile(lock_path), os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(turnstile, fcntl.LOCK_EX)   # a waiting timer of any process holds this: we queue behind it
         fcntl.flock(fd, fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX)

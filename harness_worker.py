@@ -357,24 +357,25 @@ def _copy_out(out, where="cpu"):
     raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
 
 
-def _unchanged(a, b):
-    """Whether b equals a, element for element with NaN equal to NaN (inputs before and after a call): a 0-dim bool
-    tensor where `a` lives, not read yet, so that a caller reads many with one host read (_host_ints); a Python bool
-    for values that are not tensors, or tensors of another shape or dtype."""
-    if not isinstance(a, torch.Tensor):
-        return a == b if not isinstance(b, torch.Tensor) else False
-    if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
-        return False
+def _unchanged(a, b, device) -> torch.Tensor:
+    """Whether b equals a, element for element with NaN equal to NaN (inputs before and after a call), as a 0-dim
+    bool tensor on `device`, not read yet, so that a caller reads many with one host read (_host_ints). Values that
+    are not tensors, and tensors of another shape or dtype, get theirs by a fill (no host-to-device copy)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        same = not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and bool(a == b)
+        return torch.full((), same, dtype=torch.bool, device=device)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return torch.full((), False, dtype=torch.bool, device=device)
     b = b.to(a.device)
     equal = a == b
     if a.is_floating_point() or a.is_complex():
         equal |= a.isnan() & b.isnan()
-    return equal.all()
+    return equal.all().to(device)
 
 
 def _same(a, b) -> bool:
     """_unchanged, read at once."""
-    return bool(_unchanged(a, b))
+    return bool(_unchanged(a, b, a.device if isinstance(a, torch.Tensor) else "cpu"))
 
 
 def _load_module(src: str, name: str):
@@ -576,7 +577,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     trials, pending = [], []   # pending: (trial, its fingerprint sums still on the device)
     # read at the end with the fingerprints, in one host read: inputs the reference left as they were, and whether
     # it was finite on the heavy-tailed draw (the last one)
-    unchanged, finite, mutates = [], [], False
+    unchanged, finite = [], []
     allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
     for i, (inputs, heavy) in enumerate(draws):
         if not heavy and len(trials) >= allowed:
@@ -589,12 +590,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
         out = _copy_out(produced, store)
         if heavy:
             finite = [torch.isfinite(o).all() for o in _tensors(produced) if o.is_floating_point()]
-        for a, x in zip(args, inputs):   # (checked where made: no host-side scan)
-            same = _unchanged(a, x)
-            if isinstance(same, torch.Tensor):
-                unchanged.append(same)
-            else:
-                mutates |= not same
+        unchanged += [_unchanged(a, x, device) for a, x in zip(args, inputs)]   # (where made: no host-side scan)
         del args, produced
         trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
                        "out": out, "heavy": heavy})
@@ -602,11 +598,11 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
             pending.append((trials[-1], _fingerprint_sums(out, key)))
         if len(trials) == 1:
             allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
-    flags = [f.to(device) for f in unchanged + finite]   # (the reference's outputs may sit elsewhere)
+    flags = unchanged + [f.to(device) for f in finite]   # (the reference's outputs may sit elsewhere)
     values = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums] + flags))
     for trial, trial_sums in pending:   # on the host before the candidate exists: out of its kernels' reach
         trial["fp"] = (key, [next(values) for _ in trial_sums])
-    mutates |= not all([next(values) for _ in unchanged])   # (lists: all() stops at the first False)
+    mutates = not all([next(values) for _ in unchanged])   # (lists: all() stops at the first False)
     if not all([next(values) for _ in finite]):
         trials.pop()   # (the heavy draw is the last one)
         details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
@@ -1133,11 +1129,10 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
             if hit:
                 return ev.failed("reward_hack", hit[1], hit[0])
             # the inputs checked in the comparison's host read (one read per trial, not one per input more)
-            unchanged = [] if ev.ref_mutates else [_unchanged(a, p) for a, p in zip(args, pristine)]
+            unchanged = [] if ev.ref_mutates else [_unchanged(a, p, device) for a, p in zip(args, pristine)]
             kind, check, message, stats = _compare(out, trial["out"], device,
-                                                   *_heavy_tol(trial, trials, ev.atol, ev.rtol),
-                                                   read_with=[u for u in unchanged if isinstance(u, torch.Tensor)])
-            if not (all(u for u in unchanged if not isinstance(u, torch.Tensor)) and all(stats["read_with"])):
+                                                   *_heavy_tol(trial, trials, ev.atol, ev.rtol), read_with=unchanged)
+            if not all(stats["read_with"]):
                 return ev.failed("reward_hack", "the candidate modified its inputs", "input_mutation")
             details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
             details["max_rel_err"] = max(details.get("max_rel_err", 0.0), stats.get("max_rel_err", 0.0))
