@@ -874,12 +874,24 @@ _OPERATOR_METHODS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__"
                      ast.MatMult: "__matmul__", ast.Pow: "__pow__", ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__"}
 
 
+def _static_lookup(owner, name: str):
+    """owner.name found without running anything: for a class, the first class in its MRO that defines it (where an
+    instance's method call finds it); for a module, its own dictionary, then its type's; None if absent. What
+    inspect.getattr_static returns for these owners, at a fraction of its cost: the snapshot runs after every trial."""
+    if owner is None:   # (a torch.nn class the candidate deleted)
+        return None
+    if isinstance(owner, type):
+        return next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), None)
+    found = vars(owner).get(name)
+    return found if found is not None else _static_lookup(type(owner), name)
+
+
 def _reference_reaches(ref_src: str) -> list[str]:
     """What the reference's forward may call that a candidate could rebind to slow it down (the reference is timed
     after the candidate's import, in its process: pitfalls 6 and 15): for every name and attribute in the reference's
     source, the torch function, torch.nn.functional function, Tensor method or torch.nn class of that name (a class
     with its own methods), plus every torch.nn.functional function (the nn classes call them) and the Tensor methods
-    behind the reference's operators. Looked up without side effects (getattr_static: no lazy imports); torch's own
+    behind the reference's operators. Looked up without side effects (_static_lookup: no lazy imports); torch's own
     late rebinding of manual_seed (importing dynamo wraps it) is left out. Keys ("torch.relu"), in a stable order."""
     import torch.nn.functional as F
     try:
@@ -896,10 +908,10 @@ def _reference_reaches(ref_src: str) -> list[str]:
     reaches = [f"F.{k}" for k, v in sorted(vars(F).items()) if callable(v) and not isinstance(v, type)]
     for name in sorted(names):
         for label, owner in (("torch", torch), ("torch.Tensor", torch.Tensor)):
-            obj = inspect.getattr_static(owner, name, None)
+            obj = _static_lookup(owner, name)
             if obj is not None and not isinstance(obj, type) and (callable(obj) or hasattr(obj, "__get__")):
                 reaches.append(f"{label}.{name}")
-        cls = inspect.getattr_static(torch.nn, name, None)
+        cls = _static_lookup(torch.nn, name)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
             reaches += [f"torch.nn.{name}.{k}" for k, v in sorted(vars(cls).items()) if callable(v)]
     return reaches
@@ -932,7 +944,7 @@ def _harness_snapshot(reaches: list[str] = ()) -> dict:
     for name in ("clone", "to", "float", "double", "abs", "max", "sub", "__sub__", "isnan", "equal", "cpu", "detach",
                  "copy_", "data_ptr", "untyped_storage", "numel", "__eq__", "__torch_function__", "is_floating_point",
                  "nan_to_num", "all", "any", "item", "shape", "dtype", "device"):
-        snap[f"torch.Tensor.{name}"] = inspect.getattr_static(torch.Tensor, name)   # raw (classmethods too)
+        snap[f"torch.Tensor.{name}"] = _static_lookup(torch.Tensor, name)   # raw (classmethods too)
     if torch.cuda.is_available():
         snap.update({"torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
                      "torch.cuda.Event.record": torch.cuda.Event.record,
@@ -951,8 +963,8 @@ def _harness_snapshot(reaches: list[str] = ()) -> dict:
     for key in reaches:   # looked up by its key's route, at the snapshot and again at every check
         owner, name = key.rsplit(".", 1)
         where = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}.get(owner) or \
-            inspect.getattr_static(torch.nn, owner.split(".")[-1], None)
-        snap["reaches " + key] = inspect.getattr_static(where, name, None)
+            _static_lookup(torch.nn, owner.split(".")[-1])
+        snap["reaches " + key] = _static_lookup(where, name)
     own = {module.__name__ for module in _HARNESS_MODULES}
     for module in _HARNESS_MODULES:
         for name, obj in vars(module).items():

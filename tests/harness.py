@@ -217,6 +217,33 @@ def test_harness_snapshot_covers_every_harness_module():
     assert instr.verify() is None
 
 
+def test_harness_static_lookup_finds_what_getattr_static_finds(monkeypatch):
+    """The snapshot looks names up with _static_lookup (a tenth of inspect.getattr_static's cost, after every trial):
+    for every task reference's reaches and the snapshot's own Tensor methods it finds the very objects
+    getattr_static finds, and it sees a rebinding on the class a call starts from and on the base that defines it."""
+    import glob
+    import inspect
+    import torch.nn.functional as F
+    static = lambda owner, name: inspect.getattr_static(owner, name, None)
+    sources = sorted(glob.glob(os.path.join(ROOT, "kernelbench_tasks", "level*", "*.py")))
+    assert len(sources) > 50
+    owners = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}
+    for path in sources:
+        for key in hw._reference_reaches(open(path).read()):
+            owner, name = key.rsplit(".", 1)
+            where = owners.get(owner) or static(torch.nn, owner.split(".")[-1])
+            assert hw._static_lookup(where, name) is static(where, name), (path, key)
+    for name in ("clone", "shape", "__eq__", "__torch_function__", "relu", "__init__"):
+        assert hw._static_lookup(torch.Tensor, name) is static(torch.Tensor, name), name
+    assert hw._static_lookup(torch, "__init__") is static(torch, "__init__")   # (from the module's type)
+    assert hw._static_lookup(torch.nn, "NoSuchLayer") is None and hw._static_lookup(None, "relu") is None
+    sneaky = lambda self, *args, **kwargs: self
+    monkeypatch.setattr(torch.Tensor, "relu", sneaky)   # (defined on the C base, rebound on the class)
+    assert hw._static_lookup(torch.Tensor, "relu") is sneaky
+    monkeypatch.setattr(torch.nn.Module, "__call__", sneaky)   # a base's patch shows through its subclasses
+    assert hw._static_lookup(torch.nn.Linear, "__call__") is sneaky
+
+
 def test_harness_same_treats_nan_as_equal_and_sees_any_change():
     """The input-mutation check: bit-for-bit, NaN equal to NaN, one changed element or dtype is a difference."""
     x = torch.tensor([1.0, float("nan"), -0.5])
