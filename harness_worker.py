@@ -1035,33 +1035,40 @@ def _compare(out, ref_out, device, atol: float, rtol: float,
     waits for their time slices, and this runs for every trial), and with them `read_with`: the caller's own 0-dim
     device tensors, whose values come back as stats["read_with"]."""
     stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+    early, numbers = _output_numbers(out, ref_out, device, atol, rtol)
+    if early:   # (an answer the host could give alone: the caller's values read on their own)
+        stats["read_with"] = _host_ints(list(read_with))
+        return (*early, stats)
+    scalars = [x.double() for _, _, xs in numbers for x in xs] + [x.double() for x in read_with]
+    values = torch.stack(scalars).tolist() if scalars else []   # (the one host read)
+    stats["read_with"] = [int(v) for v in values[len(values) - len(read_with):]]
+    return (*_judge_numbers(numbers, values, stats, atol, rtol), stats)
 
-    def verdict(kind=None, check=None, message=""):
-        if "read_with" not in stats:   # (an answer the host could give alone: the caller's values read on their own)
-            stats["read_with"] = _host_ints(list(read_with))
-        return kind, check, message, stats
 
+def _output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tuple | None, list]:
+    """_compare's device half: (a verdict the host gives without reading anything, or None; [(output index, output,
+    its numbers still on the device)]). A floating output's numbers: NaNs the reference has not, max abs error, max
+    relative error, values outside the tolerance; another dtype's: how many values differ."""
     if isinstance(ref_out, torch.Tensor):
         pairs = [(out, ref_out)]
     elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
         pairs = list(zip(out, ref_out))
     else:
-        return verdict("mismatch", None,
-                       f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}")
-    numbers = []   # (output index, output, its numbers still on the device)
+        return ("mismatch", None,
+                f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}"), []
+    numbers = []
     for i, (o, r) in enumerate(pairs):
         if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            return verdict("reward_hack", "output_type",
-                           f"output {i} is a {type(o).__name__}, not a plain torch.Tensor")
+            return ("reward_hack", "output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"), []
         if type(o) is not torch.Tensor:
-            return verdict("mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor")
+            return ("mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor"), []
         if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
-            return verdict("reward_hack", "output_storage", f"output {i} has no real storage")
+            return ("reward_hack", "output_storage", f"output {i} has no real storage"), []
         if o.device.type != device.type:
-            return verdict("mismatch", None, f"output {i} is on {o.device}, expected {device.type}")
+            return ("mismatch", None, f"output {i} is on {o.device}, expected {device.type}"), []
         if o.shape != r.shape or o.dtype != r.dtype:
-            return verdict("mismatch", None,
-                           f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}")
+            return ("mismatch", None,
+                    f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}"), []
         r = r.to(o.device)
         if not o.is_floating_point():
             numbers.append((i, o, [(o != r).sum()]))   # exact: how many values differ
@@ -1076,24 +1083,28 @@ def _compare(out, ref_out, device, atol: float, rtol: float,
         new_nan = (o.isnan() & ~r.isnan()).sum()
         bad = (~torch.isclose(o, r, atol=atol, rtol=rtol, equal_nan=True)).sum()   # (allclose is "none bad")
         numbers.append((i, o, [new_nan, diff.max(), max_rel, bad]))
-    scalars = [x.double() for _, _, xs in numbers for x in xs] + [x.double() for x in read_with]
-    values = iter(torch.stack(scalars).tolist() if scalars else [])   # (the one host read)
+    return None, numbers
+
+
+def _judge_numbers(numbers: list, values: list, stats: dict, atol: float, rtol: float) -> tuple:
+    """_compare's host half: (error_kind or None, check or None, message) from _output_numbers' numbers, read as
+    `values` (in their order; anything after them is ignored), the errors added to `stats`."""
+    values = iter(values)
     read = [[next(values) for _ in xs] for _, _, xs in numbers]
-    stats["read_with"] = [int(v) for v in values]
     for (i, o, _), got in zip(numbers, read):   # in output order, as if each had been read on its own
         if len(got) == 1:
             if got[0]:
-                return verdict("mismatch", None, f"output {i}: {int(got[0])} of {o.numel()} values differ")
+                return "mismatch", None, f"output {i}: {int(got[0])} of {o.numel()} values differ"
             continue
         new_nan, max_abs, max_rel, bad = got
         if new_nan:
-            return verdict("mismatch", None, f"output {i}: NaN where the reference is not (uninitialised memory?)")
+            return "mismatch", None, f"output {i}: NaN where the reference is not (uninitialised memory?)"
         stats["max_abs_err"] = max(stats["max_abs_err"], max_abs)
         stats["max_rel_err"] = max(stats["max_rel_err"], max_rel)
         if bad:
-            return verdict("mismatch", None, (f"output {i}: {int(bad)} of {o.numel()} values outside atol={atol:g} "
-                                              f"rtol={rtol:g} (max abs err {stats['max_abs_err']:.3g})"))
-    return verdict()
+            return "mismatch", None, (f"output {i}: {int(bad)} of {o.numel()} values outside atol={atol:g} "
+                                      f"rtol={rtol:g} (max abs err {stats['max_abs_err']:.3g})")
+    return None, None, ""
 
 
 def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
@@ -1267,13 +1278,22 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
         stream = torch.cuda.Stream(device)
         for name, model in models.items():
             runners[name] = _capture(model, sets[0][0], stream)
-        for name, (graph, static, out) in runners.items():
+        replays = []   # (name, its output's numbers on the device): all read at once below (a host read under
+        for name, (graph, static, out) in runners.items():   # the shared turn waits for the other workers' slices)
             for inputs, ref_out in sets:   # (set 0 was the capture's own input: set 1 shows what replay reruns)
                 _load_static(static, inputs)
-                graph.replay()
-                kind, _, message, _ = _compare(out, ref_out, device, *tol)
-                if kind:
-                    return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
+                graph.replay()   # (the numbers are computed on the stream before the next replay rewrites `out`)
+                early, numbers = _output_numbers(out, ref_out, device, *tol)
+                if early:
+                    return None, f"{name}: a replay of its captured forward disagrees with the reference ({early[2]})"
+                replays.append((name, numbers))
+        scalars = [x.double() for _, numbers in replays for _, _, xs in numbers for x in xs]
+        values = torch.stack(scalars).tolist() if scalars else []
+        for name, numbers in replays:
+            kind, _, message = _judge_numbers(numbers, values, {"max_abs_err": 0.0, "max_rel_err": 0.0}, *tol)
+            if kind:
+                return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
+            values = values[sum(len(xs) for _, _, xs in numbers):]
     except Exception as e:   # not capturable: the eager method, which needs none of this
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
@@ -1353,7 +1373,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     if why_not:
         times["graph_fallback"] = why_not
 
-    def once(name, rep, check=False):
+    def once(name, rep, check=False, wait=True):
         pristine, ref_out = sets[rep % len(sets)]
         if runners:   # a graph replay: the rep's input values copied into the captured inputs, no Python between
             graph, static, out = runners[name]   # the start and end events, no host latency inside the window
@@ -1373,6 +1393,8 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
                 out = models[name](*args)
             torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
         end.record()
+        if not wait:   # (a warm-up rep whose time nobody reads: no host sync under the shared turn)
+            return None
         end.synchronize()
         if check:   # (at once: a copy kept for later would be memory that the candidate's next reps can rewrite)
             times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
@@ -1380,13 +1402,14 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
 
     names = list(models)
     for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
-        warm = {name: once(name, rep)[1] for name in names}   # already (Triton JIT, autotuning, cuBLAS heuristics)
+        # already (Triton JIT, autotuning, cuBLAS heuristics). Only the fixed rule reads its times (for the rep count)
+        warm = {name: once(name, rep, wait=not adaptive) for name in names}
     if exclusive is not None:
         exclusive()
     if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
         deadline, reps = time.monotonic() + budget_s, 300
     else:          # the fixed rule: the budget spent, 30..300 reps
-        estimate = sum(warm.values()) + 0.5 * len(names)
+        estimate = sum(host_ms for _, host_ms in warm.values()) + 0.5 * len(names)
         reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
     # Unpredictable reps get the checked model's output compared, SPOT_CHECKS of them among the reps that surely
     # run, every input set among them (a replayed or cached output is systematic): each check is GPU work inside

@@ -948,7 +948,8 @@ def test_harness_worker_threads_follow_the_pool():
 
 def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
     """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that _time_models runs on
-    the CPU; `log` gets "record" for every start/end event recorded. Returns three ReLU trials of 64 values."""
+    the CPU; `log` gets "record" for every start/end event recorded and "sync" for every wait on one. Returns three
+    ReLU trials of 64 values."""
     class Event:
         def __init__(self, **kwargs):
             pass
@@ -958,7 +959,8 @@ def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
                 log.append("record")
 
         def synchronize(self):
-            pass
+            if log is not None:
+                log.append("sync")
 
         def elapsed_time(self, other):
             return 0.1
@@ -1023,10 +1025,14 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     recompute (a kernel launched on the legacy stream runs once during the capture and is not in the graph), makes
     every model be timed eagerly, with the reason, and the verdict data stays right. The caller's exclusive turn
     is asked for once, after the captures and the warm-up reps, before the timed ones, and given back (after())
-    once, right after the last timed rep and its spot check."""
+    once, right after the last timed rep and its spot check. Before that turn, under the shared one, where every
+    host read waits for the other workers' time slices, the replays' checks are read once and the warm-up reps not
+    at all."""
     log = []
     trials = _stand_in_cuda_events(monkeypatch, log)
     torch, cpu = eh.torch, eh.torch.device("cpu")
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: log.append("read") or tolist(self))
     monkeypatch.setattr(eh.torch.cuda, "Stream", lambda *args, **kwargs: None)
     free = [2**40]
     monkeypatch.setattr(eh.torch.cuda, "mem_get_info", lambda *args: (free[0], 2**40))
@@ -1052,6 +1058,7 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     i, j = log.index("exclusive"), log.index("after")
     assert log.count("exclusive") == 1 and log[:i].count("record") == 2 * 2 * 2   # warm-up: 2 reps x 2 models
     assert log[:i].count("replay") == 2 * 2 + 2 * 2   # the two-set check, then 2 warm-up reps, per model
+    assert log[:i].count("read") == 1 and log[:i].count("sync") == 0, log[:i]   # (the check's numbers at once)
     assert log[i + 1:j].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
     assert log.count("after") == 1 and "replay" not in log[j:] and "record" not in log[j:]
 
