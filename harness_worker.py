@@ -1040,9 +1040,10 @@ def _compare(out, ref_out, device, atol: float, rtol: float,
         stats["read_with"] = _host_ints(list(read_with))
         return (*early, stats)
     scalars = [x.double() for _, _, xs in numbers for x in xs] + [x.double() for x in read_with]
-    values = torch.stack(scalars).tolist() if scalars else []   # (the one host read)
-    stats["read_with"] = [int(v) for v in values[len(values) - len(read_with):]]
-    return (*_judge_numbers(numbers, values, stats, atol, rtol), stats)
+    values = iter(torch.stack(scalars).tolist() if scalars else [])   # (the one host read)
+    found = _judge_numbers(numbers, values, stats, atol, rtol)
+    stats["read_with"] = [int(v) for v in values]   # (what the judge left: the caller's values)
+    return (*found, stats)
 
 
 def _output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tuple | None, list]:
@@ -1086,10 +1087,9 @@ def _output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tup
     return None, numbers
 
 
-def _judge_numbers(numbers: list, values: list, stats: dict, atol: float, rtol: float) -> tuple:
-    """_compare's host half: (error_kind or None, check or None, message) from _output_numbers' numbers, read as
-    `values` (in their order; anything after them is ignored), the errors added to `stats`."""
-    values = iter(values)
+def _judge_numbers(numbers: list, values, stats: dict, atol: float, rtol: float) -> tuple:
+    """_compare's host half: (error_kind or None, check or None, message) from _output_numbers' numbers, whose values
+    it takes from the iterator `values` (as many as there are numbers, in their order), the errors added to `stats`."""
     read = [[next(values) for _ in xs] for _, _, xs in numbers]
     for (i, o, _), got in zip(numbers, read):   # in output order, as if each had been read on its own
         if len(got) == 1:
@@ -1288,12 +1288,11 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
                     return None, f"{name}: a replay of its captured forward disagrees with the reference ({early[2]})"
                 replays.append((name, numbers))
         scalars = [x.double() for _, numbers in replays for _, _, xs in numbers for x in xs]
-        values = torch.stack(scalars).tolist() if scalars else []
+        values = iter(torch.stack(scalars).tolist() if scalars else [])
         for name, numbers in replays:
             kind, _, message = _judge_numbers(numbers, values, {"max_abs_err": 0.0, "max_rel_err": 0.0}, *tol)
             if kind:
                 return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
-            values = values[sum(len(xs) for _, _, xs in numbers):]
     except Exception as e:   # not capturable: the eager method, which needs none of this
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
