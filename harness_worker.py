@@ -1404,6 +1404,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         # already (Triton JIT, autotuning, cuBLAS heuristics). Only the fixed rule reads its times (for the rep count)
         warm = {name: once(name, rep, wait=not adaptive) for name in names}
     if exclusive is not None:
+        torch.cuda.synchronize()   # (our warm-up reps finish first: a timer may get the GPU as we give our turn up)
         exclusive()
     if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
         deadline, reps = time.monotonic() + budget_s, 300

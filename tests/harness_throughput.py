@@ -948,8 +948,8 @@ def test_harness_worker_threads_follow_the_pool():
 
 def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
     """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that _time_models runs on
-    the CPU; `log` gets "record" for every start/end event recorded and "sync" for every wait on one. Returns three
-    ReLU trials of 64 values."""
+    the CPU; `log` gets "record" for every start/end event recorded, "sync" for every wait on one and "device sync"
+    for every torch.cuda.synchronize(). Returns three ReLU trials of 64 values."""
     class Event:
         def __init__(self, **kwargs):
             pass
@@ -965,7 +965,11 @@ def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
         def elapsed_time(self, other):
             return 0.1
     monkeypatch.setattr(eh.torch.cuda, "Event", Event)
-    monkeypatch.setattr(eh.torch.cuda, "synchronize", lambda *args: None)
+
+    def synchronize(*args):
+        if log is not None:
+            log.append("device sync")
+    monkeypatch.setattr(eh.torch.cuda, "synchronize", synchronize)
     trials = [{"inputs": [eh.torch.randn(64)], "heavy": False} for _ in range(3)]
     for trial in trials:
         trial["out"] = eh.torch.relu(trial["inputs"][0])
@@ -1059,6 +1063,7 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     assert log.count("exclusive") == 1 and log[:i].count("record") == 2 * 2 * 2   # warm-up: 2 reps x 2 models
     assert log[:i].count("replay") == 2 * 2 + 2 * 2   # the two-set check, then 2 warm-up reps, per model
     assert log[:i].count("read") == 1 and log[:i].count("sync") == 0, log[:i]   # (the check's numbers at once)
+    assert log[i - 1] == "device sync" and log[:i].count("device sync") == 1   # (the warm-up done before the turn)
     assert log[i + 1:j].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
     assert log.count("after") == 1 and "replay" not in log[j:] and "record" not in log[j:]
 
