@@ -549,6 +549,12 @@ def _host_ints(scalars: list[torch.Tensor]) -> list[int]:
     return torch.stack([s.to(torch.int64) for s in scalars]).tolist() if scalars else []
 
 
+def _host_floats(scalars: list[torch.Tensor]) -> list[float]:
+    """0-dim tensors of one device to Python floats with one host read (as _host_ints, for numbers that are not
+    whole: errors, means)."""
+    return torch.stack([s.double() for s in scalars]).tolist() if scalars else []
+
+
 def _outputs_intact(trials: list) -> bool:
     """Whether every reference output kept on the GPU still has the fingerprint it had when it was made (a kernel
     can write anywhere in its process's GPU memory, and an output rewritten to match the candidate's would pass the
@@ -1039,8 +1045,7 @@ def _compare(out, ref_out, device, atol: float, rtol: float,
     if early:   # (an answer the host could give alone: the caller's values read on their own)
         stats["read_with"] = _host_ints(list(read_with))
         return (*early, stats)
-    scalars = [x.double() for _, _, xs in numbers for x in xs] + [x.double() for x in read_with]
-    values = iter(torch.stack(scalars).tolist() if scalars else [])   # (the one host read)
+    values = iter(_host_floats([x for _, _, xs in numbers for x in xs] + list(read_with)))   # (the one host read)
     found = _judge_numbers(numbers, values, stats, atol, rtol)
     stats["read_with"] = [int(v) for v in values]   # (what the judge left: the caller's values)
     return (*found, stats)
@@ -1113,7 +1118,7 @@ def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[flo
         return atol, rtol
     heavy = [t.float().abs().mean() for t in _tensors(trial["out"]) if t.numel()]
     first = [t.float().abs().mean() for t in _tensors(trials[0]["out"]) if t.numel()]
-    means = torch.stack(heavy + first).double().tolist() if heavy + first else []   # (one host read for both)
+    means = _host_floats(heavy + first)   # (one host read for both)
     heavy_mean, first_mean = sum(means[:len(heavy)]) or 1.0, sum(means[len(heavy):]) or 1.0
     return atol * max(1.0, heavy_mean / first_mean), rtol
 
@@ -1287,8 +1292,7 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
                 if early:
                     return None, f"{name}: a replay of its captured forward disagrees with the reference ({early[2]})"
                 replays.append((name, numbers))
-        scalars = [x.double() for _, numbers in replays for _, _, xs in numbers for x in xs]
-        values = iter(torch.stack(scalars).tolist() if scalars else [])
+        values = iter(_host_floats([x for _, numbers in replays for _, _, xs in numbers for x in xs]))
         for name, numbers in replays:
             kind, _, message = _judge_numbers(numbers, values, {"max_abs_err": 0.0, "max_rel_err": 0.0}, *tol)
             if kind:
