@@ -979,20 +979,47 @@ def _harness_snapshot(reaches: list[str] = ()) -> dict:
     return snap
 
 
+_SMALL_REQUEST_MAX = 1 << 20   # torch's caching allocator serves requests of <= 1 MiB from its small pool
+
+
+def _free_block_requests(snapshot: list[dict]) -> tuple[list[int], bool]:
+    """Sizes to request so that each free block of the caching allocator (torch.cuda.memory_snapshot()) is taken:
+    its own size (the allocator's best fit), except for a small segment's free block over 1 MiB (small segments are
+    2 MiB), which a request of its size would miss: that request goes to the large pool. Such a block is asked for
+    in 1 MiB, and the second value says so: what it leaves free is taken in another pass."""
+    requests, split = [], False
+    for segment in snapshot:
+        for block in segment["blocks"]:
+            if block["state"] != "inactive":
+                continue
+            if segment["segment_type"] == "small" and block["size"] > _SMALL_REQUEST_MAX:
+                requests.append(_SMALL_REQUEST_MAX)
+                split = True
+            else:
+                requests.append(block["size"])
+    return requests, split
+
+
 def _poison_cuda_allocator() -> None:
     """Fill every free block of the caching allocator with NaN, so that memory a candidate gets without a fill (raw
     storage, a C++ allocation) holds no stale result, such as the reference's freed output (pitfall #1). Each free
-    block is taken by asking for exactly its size (the allocator's best fit), filled, and given back: no driver call.
-    Memory the cache has not got comes fresh from cudaMalloc, and this process never returned any to the driver
-    before the candidate's calls (no empty_cache), so no old result of ours can be in it. No host sync first: the
-    fills are ordered on the stream after whatever used those blocks last, and a free deferred by record_stream
-    (not complete yet, so not in the cache) can only be the candidate's own tensor: the harness never records one."""
+    block is taken by asking for its size (the allocator's best fit), filled, and given back: no driver call. A
+    small segment's free block over 1 MiB is taken in pieces, one more pass each (at most four; two suffice, since
+    small segments are 2 MiB). Memory the cache has not got comes fresh from cudaMalloc, and this process never
+    returned any to the driver before the candidate's calls (no empty_cache), so no old result of ours can be in it.
+    No host sync first: the fills are ordered on the stream after whatever used those blocks last, and a free
+    deferred by record_stream (not complete yet, so not in the cache) can only be the candidate's own tensor: the
+    harness never records one."""
     torch.empty(1, device="cuda")   # an allocation first: completed record_stream frees become free blocks
-    free = [block["size"] for segment in torch.cuda.memory_snapshot() for block in segment["blocks"]
-            if block["state"] == "inactive"]
-    held = [torch.empty(size, dtype=torch.uint8, device="cuda") for size in sorted(free, reverse=True)]
-    for t in held:
-        t.view(-1)[: t.numel() // 4 * 4].view(torch.float32).fill_(float("nan"))
+    held, split = [], True
+    for _ in range(4):   # all blocks are held until the end, so each pass sees only what the last one left free
+        if not split:
+            break
+        requests, split = _free_block_requests(torch.cuda.memory_snapshot())
+        for size in sorted(requests, reverse=True):
+            t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            t[: size // 4 * 4].view(torch.float32).fill_(float("nan"))
+            held.append(t)
     del held   # back to the cache, NaN-filled
 
 

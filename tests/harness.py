@@ -217,6 +217,65 @@ def test_harness_snapshot_covers_every_harness_module():
     assert instr.verify() is None
 
 
+def _fake_caching_allocator(segments: list[tuple[str, list[tuple[int, str]]]]):
+    """torch's CUDA caching allocator in miniature (c10/cuda/CUDACachingAllocator.cpp): requests of <= 1 MiB come
+    from the small pool (2 MiB segments), larger ones from the large pool; the best fit (smallest free block that
+    holds the request) is split when what remains is >= 512 bytes (small) or > 1 MiB (large); no fit: a new segment.
+    Returns (memory_snapshot, empty, state): the two stand-ins and the segments, whose blocks record what was free
+    at the start ("stale") and what a request took."""
+    mib = 1 << 20
+    state = {"segments": [{"segment_type": kind, "blocks": [{"size": size, "state": st, "stale": st == "inactive",
+                                                               "taken": False} for size, st in blocks]}
+                          for kind, blocks in segments], "new_segments": 0, "snapshots": 0}
+
+    def memory_snapshot():
+        state["snapshots"] += 1
+        return [{"segment_type": seg["segment_type"], "blocks": [{"size": b["size"], "state": b["state"]}
+                                                                  for b in seg["blocks"]]}
+                for seg in state["segments"]]
+
+    def empty(size, dtype=None, device=None):
+        if dtype is None:   # the poison's first allocation (torch.empty(1)), freed at once: leaves the blocks as they are
+            return torch.zeros(size)
+        kind = "small" if size <= mib else "large"
+        fits = [(b["size"], seg, i) for seg in state["segments"] if seg["segment_type"] == kind
+                for i, b in enumerate(seg["blocks"]) if b["state"] == "inactive" and b["size"] >= size]
+        if not fits:
+            state["new_segments"] += 1
+            return torch.zeros(size, dtype=torch.uint8)
+        _, seg, i = min(fits, key=lambda f: f[0])
+        block, rest = seg["blocks"][i], seg["blocks"][i]["size"] - size
+        if rest >= 512 if kind == "small" else rest > mib:
+            seg["blocks"][i + 1:i + 1] = [{**block, "size": rest}]
+            block["size"] = size
+        block.update(state="active_allocated", taken=True)
+        return torch.zeros(size, dtype=torch.uint8)
+
+    return memory_snapshot, empty, state
+
+
+def test_harness_poison_takes_every_free_block_also_small_ones_over_1_mib(monkeypatch):
+    """Pitfall #1 (stale results in reused memory): before each candidate call every free block of the caching
+    allocator is NaN-filled. A 2 MiB small segment can hold a free block of more than 1 MiB, which a request of its
+    size misses (it goes to the large pool): the poison takes it in pieces over more passes, and takes every block
+    that was free, without a new segment."""
+    mib = 1 << 20
+    snapshot, empty, state = _fake_caching_allocator([
+        ("small", [(mib // 2, "active_allocated"), (3 * mib // 2, "inactive")]),   # the block over 1 MiB
+        ("small", [(2 * mib, "inactive")]),                                        # a whole free small segment
+        ("small", [(3 * mib // 2, "active_allocated"), (mib // 4, "inactive"), (mib // 4, "active_allocated")]),
+        ("large", [(4 * mib, "active_allocated"), (16 * mib, "inactive")])])
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
+    monkeypatch.setattr(torch, "empty", empty)
+    requests, split = hw._free_block_requests(snapshot())
+    assert sorted(requests) == [mib // 4, mib, mib, 16 * mib] and split   # the blocks over 1 MiB: 1 MiB first
+    state["snapshots"] = 0
+    hw._poison_cuda_allocator()
+    blocks = [b for seg in state["segments"] for b in seg["blocks"]]
+    assert all(b["taken"] for b in blocks if b["stale"]), blocks
+    assert state["new_segments"] == 0 and state["snapshots"] == 2   # 1 MiB pieces, then what they left
+
+
 def test_harness_static_lookup_finds_what_getattr_static_finds(monkeypatch):
     """The snapshot looks names up with _static_lookup (a tenth of inspect.getattr_static's cost, after every trial):
     for every task reference's reaches and the snapshot's own Tensor methods it finds the very objects
@@ -891,6 +950,35 @@ return torch.empty(0, dtype=x.dtype, device=x.device).set_(storage).view(x.shape
     assert report["eager_ms"] is not None and report["ok"], report
     small = eh.lint_task(RELU_TASK, device="cuda")   # 4096 elements: launch-bound
     assert any("50 us" in p for p in small["problems"]), small
+
+
+@pytest.mark.gpu
+@gpu
+def test_harness_gpu_poison_fills_small_pool_blocks_over_1_mib():
+    """In a fresh process (an allocator that nothing else used): four 512 KiB tensors share one 2 MiB small segment;
+    three of them, holding a stale value, are freed into one 1.5 MiB block. After the poison, the same memory asked
+    for again holds NaN: no stale value is left for a candidate's unfilled allocation to find."""
+    script = textwrap.dedent('''
+        import torch
+        import harness_worker as hw
+        piece = 1 << 19
+        held = [torch.empty(piece, dtype=torch.uint8, device="cuda") for _ in range(4)]
+        for t in held:
+            t.view(torch.float32).fill_(7.0)
+        stale = [t.data_ptr() for t in held[1:]]
+        del held[1:]
+        hw._poison_cuda_allocator()
+        again = [torch.empty(piece, dtype=torch.uint8, device="cuda") for _ in range(3)]
+        seen = [t for t in again if t.data_ptr() in stale]
+        assert seen, "the freed memory did not come back"
+        for t in seen:
+            values = t.view(torch.float32)
+            assert torch.isnan(values).all().item(), f"stale values left: {values.unique()[:4].tolist()}"
+        print("poisoned", len(seen))
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0 and "poisoned" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.gpu
