@@ -982,13 +982,17 @@ def _harness_snapshot(reaches: list[str] = ()) -> dict:
 _SMALL_REQUEST_MAX = 1 << 20   # torch's caching allocator serves requests of <= 1 MiB from its small pool
 
 
-def _free_block_requests(snapshot: list[dict]) -> tuple[list[int], bool]:
-    """Sizes to request so that each free block of the caching allocator (torch.cuda.memory_snapshot()) is taken:
-    its own size (the allocator's best fit), except for a small segment's free block over 1 MiB (small segments are
-    2 MiB), which a request of its size would miss: that request goes to the large pool. Such a block is asked for
-    in 1 MiB, and the second value says so: what it leaves free is taken in another pass."""
+def _free_block_requests(snapshot: list[dict], stream: int) -> tuple[list[int], bool]:
+    """Sizes to request on `stream` so that each free block of the caching allocator (torch.cuda.memory_snapshot())
+    that such a request can get is taken: its own size (the allocator's best fit), except for a small segment's free
+    block over 1 MiB (small segments are 2 MiB), which a request of its size would miss: that request goes to the
+    large pool. Such a block is asked for in 1 MiB, and the second value says so: what it leaves free is taken in
+    another pass. Blocks of other streams and of CUDA graphs' private pools are left out: a request on this stream
+    never gets them, so asking for their sizes would only make new segments (and another pass, every time)."""
     requests, split = [], False
     for segment in snapshot:
+        if segment["stream"] != stream or tuple(segment["segment_pool_id"]) != (0, 0):
+            continue
         for block in segment["blocks"]:
             if block["state"] != "inactive":
                 continue
@@ -1003,19 +1007,21 @@ def _free_block_requests(snapshot: list[dict]) -> tuple[list[int], bool]:
 def _poison_cuda_allocator() -> None:
     """Fill every free block of the caching allocator with NaN, so that memory a candidate gets without a fill (raw
     storage, a C++ allocation) holds no stale result, such as the reference's freed output (pitfall #1). Each free
-    block is taken by asking for its size (the allocator's best fit), filled, and given back: no driver call. A
-    small segment's free block over 1 MiB is taken in pieces, one more pass each (at most four; two suffice, since
+    block this stream's requests can get is taken by asking for its size (the allocator's best fit), filled, and
+    given back: no driver call. (A CUDA graph's private pool holds only what its capture allocated; another
+    stream's blocks, only what was allocated there: the reference's outputs are made on this stream.) A small
+    segment's free block over 1 MiB is taken in pieces, one more pass each (at most four; two suffice, since
     small segments are 2 MiB). Memory the cache has not got comes fresh from cudaMalloc, and this process never
     returned any to the driver before the candidate's calls (no empty_cache), so no old result of ours can be in it.
     No host sync first: the fills are ordered on the stream after whatever used those blocks last, and a free
     deferred by record_stream (not complete yet, so not in the cache) can only be the candidate's own tensor: the
     harness never records one."""
     torch.empty(1, device="cuda")   # an allocation first: completed record_stream frees become free blocks
-    held, split = [], True
+    held, split, stream = [], True, torch.cuda.current_stream().cuda_stream
     for _ in range(4):   # all blocks are held until the end, so each pass sees only what the last one left free
         if not split:
             break
-        requests, split = _free_block_requests(torch.cuda.memory_snapshot())
+        requests, split = _free_block_requests(torch.cuda.memory_snapshot(), stream)
         for size in sorted(requests, reverse=True):
             t = torch.empty(size, dtype=torch.uint8, device="cuda")
             t[: size // 4 * 4].view(torch.float32).fill_(float("nan"))

@@ -217,28 +217,30 @@ def test_harness_snapshot_covers_every_harness_module():
     assert instr.verify() is None
 
 
-def _fake_caching_allocator(segments: list[tuple[str, list[tuple[int, str]]]]):
-    """torch's CUDA caching allocator in miniature (c10/cuda/CUDACachingAllocator.cpp): requests of <= 1 MiB come
-    from the small pool (2 MiB segments), larger ones from the large pool; the best fit (smallest free block that
-    holds the request) is split when what remains is >= 512 bytes (small) or > 1 MiB (large); no fit: a new segment.
+def _fake_caching_allocator(segments: list[tuple[str, int, tuple, list[tuple[int, str]]]]):
+    """torch's CUDA caching allocator in miniature (c10/cuda/CUDACachingAllocator.cpp), for requests on stream 0 out
+    of the default pool (0, 0): requests of <= 1 MiB come from the small pool (2 MiB segments), larger ones from the
+    large pool; the best fit (smallest free block that holds the request) is split when what remains is >= 512 bytes
+    (small) or > 1 MiB (large); no fit: a new segment. `segments`: (type, stream, pool id, [(size, state)]).
     Returns (memory_snapshot, empty, state): the two stand-ins and the segments, whose blocks record what was free
     at the start ("stale") and what a request took."""
     mib = 1 << 20
-    state = {"segments": [{"segment_type": kind, "blocks": [{"size": size, "state": st, "stale": st == "inactive",
-                                                               "taken": False} for size, st in blocks]}
-                          for kind, blocks in segments], "new_segments": 0, "snapshots": 0}
+    state = {"segments": [{"segment_type": kind, "stream": stream, "segment_pool_id": pool,
+                           "blocks": [{"size": size, "state": st, "stale": st == "inactive", "taken": False}
+                                      for size, st in blocks]}
+                          for kind, stream, pool, blocks in segments], "new_segments": 0, "snapshots": 0}
 
     def memory_snapshot():
         state["snapshots"] += 1
-        return [{"segment_type": seg["segment_type"], "blocks": [{"size": b["size"], "state": b["state"]}
-                                                                  for b in seg["blocks"]]}
+        return [{**seg, "blocks": [{"size": b["size"], "state": b["state"]} for b in seg["blocks"]]}
                 for seg in state["segments"]]
 
     def empty(size, dtype=None, device=None):
         if dtype is None:   # the poison's first allocation (torch.empty(1)), freed at once: leaves the blocks as they are
             return torch.zeros(size)
         kind = "small" if size <= mib else "large"
-        fits = [(b["size"], seg, i) for seg in state["segments"] if seg["segment_type"] == kind
+        fits = [(b["size"], seg, i) for seg in state["segments"]
+                if (seg["segment_type"], seg["stream"], seg["segment_pool_id"]) == (kind, 0, (0, 0))
                 for i, b in enumerate(seg["blocks"]) if b["state"] == "inactive" and b["size"] >= size]
         if not fits:
             state["new_segments"] += 1
@@ -256,23 +258,29 @@ def _fake_caching_allocator(segments: list[tuple[str, list[tuple[int, str]]]]):
 
 def test_harness_poison_takes_every_free_block_also_small_ones_over_1_mib(monkeypatch):
     """Pitfall #1 (stale results in reused memory): before each candidate call every free block of the caching
-    allocator is NaN-filled. A 2 MiB small segment can hold a free block of more than 1 MiB, which a request of its
-    size misses (it goes to the large pool): the poison takes it in pieces over more passes, and takes every block
-    that was free, without a new segment."""
+    allocator that the candidate's stream can get is NaN-filled. A 2 MiB small segment can hold a free block of more
+    than 1 MiB, which a request of its size misses (it goes to the large pool): the poison takes it in pieces over
+    more passes, and takes every such block that was free, without a new segment. Another stream's blocks and a
+    CUDA graph's private pool are not asked for (a request would only make new segments)."""
     mib = 1 << 20
     snapshot, empty, state = _fake_caching_allocator([
-        ("small", [(mib // 2, "active_allocated"), (3 * mib // 2, "inactive")]),   # the block over 1 MiB
-        ("small", [(2 * mib, "inactive")]),                                        # a whole free small segment
-        ("small", [(3 * mib // 2, "active_allocated"), (mib // 4, "inactive"), (mib // 4, "active_allocated")]),
-        ("large", [(4 * mib, "active_allocated"), (16 * mib, "inactive")])])
+        ("small", 0, (0, 0), [(mib // 2, "active_allocated"), (3 * mib // 2, "inactive")]),   # over 1 MiB
+        ("small", 0, (0, 0), [(2 * mib, "inactive")]),                                        # a whole free one
+        ("small", 0, (0, 0), [(3 * mib // 2, "active_allocated"), (mib // 4, "inactive"),
+                              (mib // 4, "active_allocated")]),
+        ("large", 0, (0, 0), [(4 * mib, "active_allocated"), (16 * mib, "inactive")]),
+        ("small", 77, (0, 0), [(2 * mib, "inactive")]),                                       # another stream
+        ("large", 0, (1, 0), [(20 * mib, "inactive")])])                                     # a graph's pool
     monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
     monkeypatch.setattr(torch, "empty", empty)
-    requests, split = hw._free_block_requests(snapshot())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 0})())
+    requests, split = hw._free_block_requests(snapshot(), 0)
     assert sorted(requests) == [mib // 4, mib, mib, 16 * mib] and split   # the blocks over 1 MiB: 1 MiB first
     state["snapshots"] = 0
     hw._poison_cuda_allocator()
-    blocks = [b for seg in state["segments"] for b in seg["blocks"]]
-    assert all(b["taken"] for b in blocks if b["stale"]), blocks
+    reachable = [b for seg in state["segments"][:4] for b in seg["blocks"]]
+    assert all(b["taken"] for b in reachable if b["stale"]), reachable
+    assert not any(b["taken"] for seg in state["segments"][4:] for b in seg["blocks"])
     assert state["new_segments"] == 0 and state["snapshots"] == 2   # 1 MiB pieces, then what they left
 
 
