@@ -247,7 +247,7 @@ def _fake_caching_allocator(segments: list[tuple[str, int, tuple, list[tuple[int
             return torch.zeros(size, dtype=torch.uint8)
         _, seg, i = min(fits, key=lambda f: f[0])
         block, rest = seg["blocks"][i], seg["blocks"][i]["size"] - size
-        if rest >= 512 if kind == "small" else rest > mib:
+        if (rest >= 512) if kind == "small" else (rest > mib):
             seg["blocks"][i + 1:i + 1] = [{**block, "size": rest}]
             block["size"] = size
         block.update(state="active_allocated", taken=True)
