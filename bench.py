@@ -27,6 +27,7 @@ Sections:
       max/min of its speedup.
   (e) round: a round-shaped batch (16 tasks x 8 candidates from the golden solutions, mostly correct) through the
       Evaluator, against an older harness on the same batch (`round_*` fields; BENCHMARKS.md says how it is made).
+      Each run reports the host's and the GPU's busy fractions and how much of the GPU slots' time candidates held.
   (f) processes: what the harness's isolation (one fresh process per candidate, so one CUDA context each) costs
       the GPU's driver, with nothing of the harness in the way. A process that imported torch but never touched CUDA
       (as a worker zygote) forks `processes_children` children, `processes_at_once` alive at a time; each creates
@@ -890,6 +891,18 @@ def busy_summary(samples: list, what: str) -> dict:
             f"{what}_busy_over_90pct": round(sum(x > 0.9 for x in samples) / len(samples), 3)}
 
 
+def slot_occupancy(details: list[dict], slots: int, seconds: float) -> float | None:
+    """The share of the GPU slots' time (slots x seconds of `map`) that the candidates held them: each one's phases
+    plus its waits for the GPU and for memory (run_job's details), summed. Near 1: the wall time follows the time a
+    candidate holds a slot, so only cutting that helps; well below: slots sat idle (boot, dispatch, the tail).
+    E.g. phases 0.5 + 0.3 s and a 0.2 s wait, twice, in 2 slots over 1.25 s: 2.0 / 2.5 = 0.8."""
+    if not details or slots < 1 or seconds <= 0:
+        return None
+    held = sum(sum((d.get("phase_s") or {}).values()) + (d.get("gpu_wait_s") or 0) + (d.get("mem_wait_s") or 0)
+               for d in details)
+    return round(held / (slots * seconds), 3)
+
+
 def bench_round(cfg: Config, tag: str) -> None:
     """The round-shaped batch through each --round-timing variant of the current harness (first, so that their
     numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
@@ -949,7 +962,9 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "timing_method": collections.Counter(r.details.get("timing_method") for r in results),
                          "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(), **busy_summary(cpu, "cpu"),
                          **busy_summary(gpu, "gpu"),
-                         "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results)}
+                         "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results),
+                         "slot_occupancy": slot_occupancy([r.details for r in results],
+                                                          opts.get("gpu_workers", cfg.gpu_workers), map_s)}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
         first = next(iter(runs))
         if name != first:
@@ -959,7 +974,8 @@ def bench_round(cfg: Config, tag: str) -> None:
               f"{rows[-1][-1]} ok, peak RSS {summary[name]['peak_rss_gb']:.1f} GB, host CPU busy "
               f"{summary[name]['cpu_busy_mean']} on average, over 90% in {summary[name]['cpu_busy_over_90pct']} "
               f"of its seconds; GPU busy {summary[name]['gpu_busy_mean']}, over 90% in "
-              f"{summary[name]['gpu_busy_over_90pct']} of its half-seconds); seconds summed over candidates: "
+              f"{summary[name]['gpu_busy_over_90pct']} of its half-seconds; GPU slots held "
+              f"{summary[name]['slot_occupancy']} of map's time); seconds summed over candidates: "
               + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
               + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])

@@ -167,6 +167,14 @@ def test_bench_host_cpu_sampler_sees_a_busy_core_and_summarises():
     assert bench.busy_summary([], "gpu") == {"gpu_busy_mean": None, "gpu_busy_over_90pct": None}
 
 
+def test_bench_slot_occupancy_sums_phases_and_waits():
+    """The round's slot occupancy: every candidate's phases plus its GPU and memory waits, over slots x seconds;
+    a duplicate's empty details count nothing; no candidates or no time: None."""
+    one = {"phase_s": {"startup": 0.1, "reference": 0.3, "run": 0.4}, "gpu_wait_s": 0.2}
+    assert bench.slot_occupancy([one, {**one, "mem_wait_s": 0.5}, {}], 2, 1.5) == 0.833   # 2.5 / 3.0
+    assert bench.slot_occupancy([], 8, 10.0) is None and bench.slot_occupancy([one], 8, 0.0) is None
+
+
 def test_bench_gpu_sampler_reads_nvidia_smi_lines_and_stops(tmp_path):
     """The round's GPU record: nvidia-smi's utilization lines (percent) as fractions, "[N/A]" skipped, the query
     asked for one GPU in a loop, and the sampler's nvidia-smi killed once the run stops; no nvidia-smi: no samples."""
