@@ -1017,15 +1017,15 @@ def _poison_cuda_allocator() -> None:
     deferred by record_stream (not complete yet, so not in the cache) can only be the candidate's own tensor: the
     harness never records one."""
     torch.empty(1, device="cuda")   # an allocation first: completed record_stream frees become free blocks
-    held, split, stream = [], True, torch.cuda.current_stream().cuda_stream
+    held, stream = [], torch.cuda.current_stream().cuda_stream
     for _ in range(4):   # all blocks are held until the end, so each pass sees only what the last one left free
-        if not split:
-            break
         requests, split = _free_block_requests(torch.cuda.memory_snapshot(), stream)
         for size in sorted(requests, reverse=True):
             t = torch.empty(size, dtype=torch.uint8, device="cuda")
             t[: size // 4 * 4].view(torch.float32).fill_(float("nan"))
             held.append(t)
+        if not split:   # nothing was taken in pieces: no block is left over
+            break
     del held   # back to the cache, NaN-filled
 
 
