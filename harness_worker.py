@@ -420,11 +420,19 @@ class _Evaluation:
         return _fail(kind, error, self.details, check, compiled=True, compile_s=self.compile_s)
 
 
+def _gpu_memory_mb() -> list[int]:
+    """[peak allocated, reserved] MiB of this process's caching allocator so far: what a job needs on its GPU (the
+    reserved bytes include blocks cached for reuse; the CUDA context's own ~0.5-1 GB is in neither)."""
+    return [round(torch.cuda.max_memory_allocated() / 2**20), round(torch.cuda.memory_reserved() / 2**20)]
+
+
 def _job_evaluate(job: dict, conn: Connection) -> dict:
     """One candidate's verdict. Each stage returns a failed verdict, or None to go on to the next one."""
     ev = _Evaluation(job, conn)
     for stage in (_load_reference, _build_candidate, _check_correctness, _check_coverage, _time_candidate):
         verdict = stage(ev)
+        if ev.device.type == "cuda":   # the process's GPU memory by the end of each stage (host-side counters)
+            ev.details.setdefault("gpu_mb", {})[stage.__name__.strip("_")] = _gpu_memory_mb()
         if verdict is not None:
             return verdict
     return {"error_kind": "ok", "error": "", "compiled": True, "compile_s": ev.compile_s, "details": ev.details,
@@ -481,8 +489,9 @@ def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[lis
     explicit device (torch.randn, rand, randint, ...) make their tensors there; None: on the host, which is CPU work,
     hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator."""
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
-    n, out = opts["trials"], []
-    for t in range(n + 1):
+    n, out, t = opts["trials"], [], -1
+    while t < n:   # (not a range: _cap_trials may lower n after the first draw, and the heavy draw is the last)
+        t += 1
         heavy = t == n
         torch.manual_seed(opts["seed"] + 1 + t)
         try:

@@ -201,6 +201,17 @@ def test_harness_trial_inputs_made_under_the_device_context():
     draws = hw._trial_inputs(HostOnly, eh.DEFAULTS, details, eh.torch.device("meta"))
     assert all(inputs[0].device.type == "cpu" for inputs, _ in draws) and len(draws) == eh.DEFAULTS["trials"] + 1
     assert "generator" in details["inputs_on_device_failed"]
+
+    class Big:   # one draw over max_trial_gb: one normal draw and the heavy one, no draw made beyond them
+        calls = 0
+
+        @staticmethod
+        def get_inputs():
+            Big.calls += 1
+            return [eh.torch.randn(1024)]
+    details = {}
+    draws = hw._trial_inputs(Big, dict(eh.DEFAULTS, max_trial_gb=2 * 4096 / 2**30), details)
+    assert [heavy for _, heavy in draws] == [False, True] and Big.calls == 2 and details["trials_capped"] == 1
     assert eh.DEFAULTS["inputs_on_device"]   # (on a GPU; CPU evaluations make their inputs on the host as before)
     per_input = 64 * 2**20
     host_made = hp.memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
