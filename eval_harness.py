@@ -187,8 +187,10 @@ DEFAULTS = dict(
                              # process per candidate otherwise pays mid-trial while other workers share the GPU.
                              # Needs the GPU's lock file (gpu_lock_path). Off until measured on the round batch
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
-    gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less what this process reserved
+    gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less the workers' CUDA contexts,
+                             # less what this process reserved
 )
+CONTEXT_GB = 0.75   # a GPU worker's CUDA context, in no job's bytes: 684 MiB on an H100 (CUDA 13, one hardware queue)
 FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py compares)
 
 
@@ -373,11 +375,13 @@ class Evaluator:
         self.pools = {"cpu": Pool(cpu_env, cpu_spare)}
         host = self.opts["host_memory_gb"]
         gpu_bytes = {}
+        gpu_spare = 2 * self.gpu_workers if self.spare is None else self.spare   # idle GPU workers per GPU
         for gpu in self.gpus:
             budget = self.opts["gpu_memory_gb"]
-            if budget is None:
+            if budget is None:   # less every worker's CUDA context, which no job's bytes count
                 own = torch.cuda.memory_reserved(gpu) if torch.cuda.is_initialized() else 0
-                budget = (0.85 * torch.cuda.get_device_properties(gpu).total_memory - own) / 2**30
+                contexts = (self.gpu_workers + gpu_spare) * CONTEXT_GB * 2**30
+                budget = (0.85 * (torch.cuda.get_device_properties(gpu).total_memory - contexts) - own) / 2**30
             gpu_bytes[gpu] = budget * 2**30
         self.memory = Memory(host * 2**30 if host is not None else 0.7 * host_available_bytes(), gpu_bytes)
         gpu_threads = max(1, len(os.sched_getaffinity(0)) // (self.gpu_workers * len(self.gpus) or 1))
@@ -391,7 +395,7 @@ class Evaluator:
                 env.setdefault("TORCH_CUDA_ARCH_LIST", cpu_env["TORCH_CUDA_ARCH_LIST"])
             # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),
             # and one spare per slot left candidates waiting for one. Each holds ~1 GB of host memory and a context.
-            self.pools[gpu] = Pool(env, 2 * self.gpu_workers if self.spare is None else self.spare)
+            self.pools[gpu] = Pool(env, gpu_spare)
             self.gates[gpu] = Gate(lock, max_shared=self.gpu_checkers)
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)

@@ -443,8 +443,10 @@ def test_harness_gpu_big_inputs_all_ok_within_memory():
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
     print(f"8 big candidates: {time.time() - start:.0f} s, peak RSS (parent + largest worker) {peak:.1f} GB, waits",
-          [r.details.get("mem_wait_s") for r in results], [r.error_kind for r in results])
+          [r.details.get("mem_wait_s") for r in results], [r.error_kind for r in results], "peak GPU GiB",
+          [round(max(p for p, _ in r.details.get("gpu_mb", {"-": [0, 0]}).values()) / 1024, 1) for r in results])
     assert [r.error_kind for r in results] == ["ok"] * 8, [(r.error_kind, r.error[:300]) for r in results]
+    assert not any(r.details.get("rerun_alone") for r in results)   # admitted within memory: no out-of-memory first
 
 
 @pytest.mark.gpu
@@ -1394,3 +1396,32 @@ def test_harness_gpu_graph_timing_agrees_with_kernel_durations_and_is_stable(tmp
         assert max(speedups) / min(speedups) <= 1.05, speedups
         median = sorted(speedups)[2]
         assert 0.92 <= median / (ref_ms / cand_ms) <= 1.08, (median, ref_ms, cand_ms)
+
+
+def test_harness_compare_in_steps_gives_the_numbers_of_one_step(monkeypatch):
+    """A large output is compared in steps of _COMPARE_STEP values (bounded temporaries): NaN and outside counts add
+    up over the steps, the largest errors are the largest of any step, an error in the last, short step counts, and
+    a host-kept reference comes over a step at a time. Every number equals the one-step comparison's."""
+    torch = eh.torch
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(5, 7, generator=g)
+    o = r.clone()
+    o[0, 1] += 0.25          # step 0
+    o[2, 3] = float("nan")   # a middle step
+    o[4, 6] -= 3.0           # the last value (35 = 4 steps of 8 and one of 3)
+    idx = torch.arange(35).reshape(5, 7)
+    wrong_idx = idx.clone()
+    wrong_idx[0, 0], wrong_idx[4, 5] = -1, -2
+    cases = [(o, r), (r.clone(), r), (o.half(), r.half()), (wrong_idx, idx), ((o, wrong_idx), (r, idx))]
+    whole = [hw._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases]
+    numbers = [[[float(x) for x in xs] for _, _, xs in hw._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
+               for out, ref in cases]
+    monkeypatch.setattr(hw, "_COMPARE_STEP", 8)
+    assert [hw._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases] == whole
+    stepped = [[[float(x) for x in xs] for _, _, xs in hw._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
+               for out, ref in cases]
+    assert stepped == numbers
+    assert numbers[0][0][0] == 1 and numbers[0][0][3] == 3 and numbers[3][0] == [2.0]   # (what the steps summed)
+    assert abs(numbers[0][0][1] - 3.0) < 1e-5   # the largest error sits in the last, short step
+    assert "output 1: 2 of 35 values differ" in hw._compare((r.clone(), wrong_idx), (r, idx), cpu, 1e-4, 1e-4)[2]
