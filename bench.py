@@ -903,6 +903,14 @@ def slot_occupancy(details: list[dict], slots: int, seconds: float) -> float | N
     return round(held / (slots * seconds), 3)
 
 
+def gpu_peak_mb(details: dict) -> int | None:
+    """A candidate's peak allocated GPU MiB: the largest over its stages (details["gpu_mb"], [peak, reserved] per
+    stage); None without a GPU stage. Against details["mem_need_mb"][1] (the admission's estimate) it says how much
+    the estimate over-asks."""
+    stages = details.get("gpu_mb") or {}
+    return max((peak for peak, _ in stages.values()), default=None)
+
+
 def bench_round(cfg: Config, tag: str) -> None:
     """The round-shaped batch through each --round-timing variant of the current harness (first, so that their
     numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
@@ -963,6 +971,8 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "spent_s": dict(spent), "peak_rss_gb": _peak_rss_gb(), **busy_summary(cpu, "cpu"),
                          **busy_summary(gpu, "gpu"),
                          "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results),
+                         "gpu_peak_mb": [gpu_peak_mb(r.details) for r in results],   # measured, and the estimate
+                         "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
                          "slot_occupancy": slot_occupancy([r.details for r in results],
                                                           opts.get("gpu_workers", cfg.gpu_workers), map_s)}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
@@ -975,7 +985,10 @@ def bench_round(cfg: Config, tag: str) -> None:
               f"{summary[name]['cpu_busy_mean']} on average, over 90% in {summary[name]['cpu_busy_over_90pct']} "
               f"of its seconds; GPU busy {summary[name]['gpu_busy_mean']}, over 90% in "
               f"{summary[name]['gpu_busy_over_90pct']} of its half-seconds; GPU slots held "
-              f"{summary[name]['slot_occupancy']} of map's time); seconds summed over candidates: "
+              f"{summary[name]['slot_occupancy']} of map's time; largest GPU peak of a candidate "
+              f"{max(filter(None, summary[name]['gpu_peak_mb']), default=0) / 1024:.1f} GiB, admitted for "
+              f"{max(filter(None, summary[name]['mem_need_mb']), default=0) / 1024:.1f}); "
+              "seconds summed over candidates: "
               + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
               + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])

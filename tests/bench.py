@@ -175,6 +175,15 @@ def test_bench_slot_occupancy_sums_phases_and_waits():
     assert bench.slot_occupancy([], 8, 10.0) is None and bench.slot_occupancy([one], 8, 0.0) is None
 
 
+def test_bench_gpu_peak_is_the_largest_stage_peak():
+    """A candidate's peak GPU memory is the largest stage peak (not the reserved bytes, not the last stage's); no
+    GPU stage: None."""
+    details = {"gpu_mb": {"load_reference": [47616, 50180], "check_correctness": [62466, 62468],
+                          "time_candidate": [10, 62468]}}
+    assert bench.gpu_peak_mb(details) == 62466
+    assert bench.gpu_peak_mb({}) is None and bench.gpu_peak_mb({"gpu_mb": {}}) is None
+
+
 def test_bench_gpu_sampler_reads_nvidia_smi_lines_and_stops(tmp_path):
     """The round's GPU record: nvidia-smi's utilization lines (percent) as fractions, "[N/A]" skipped, the query
     asked for one GPU in a loop, and the sampler's nvidia-smi killed once the run stops; no nvidia-smi: no samples."""
