@@ -33,6 +33,7 @@ import fcntl
 import multiprocessing
 import multiprocessing.reduction
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -368,6 +369,28 @@ class Memory:
             self.cond.notify_all()
 
 
+def release_when_gone(memory: Memory, granted: dict, pid: int, timeout: float = 10.0) -> None:
+    """Give a killed worker's admitted bytes back once its process has ended, from a background thread: a GPU worker
+    frees its memory as it exits, up to a few hundred ms after the kill for a large CUDA context, and a job admitted
+    meanwhile could find tens of GB still taken (an out-of-memory, or trial inputs made on the host instead). A
+    process ended counts as soon as it is a zombie (its files and memory are gone by then; its zygote reaps it
+    later). At once where the process is gone already or cannot be watched (no pidfd: Linux < 5.3); after `timeout`
+    s at the latest."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        memory.release(granted)
+        return
+
+    def wait() -> None:
+        try:
+            select.select([fd], [], [], timeout)   # (a pidfd reads as ready once its process has exited)
+        finally:
+            os.close(fd)
+            memory.release(granted)
+    threading.Thread(target=wait, daemon=True).start()
+
+
 def host_available_bytes() -> int:
     """MemAvailable from /proc/meminfo (the physical memory size where there is none)."""
     with contextlib.suppress(OSError, StopIteration, ValueError):
@@ -507,8 +530,8 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
         if gate and held:
             gate.release(held, held_fd)
         worker.kill()
-        if memory is not None and granted is not None:   # (after the kill: the worker's memory is gone then)
-            memory.release(granted)
+        if memory is not None and granted is not None:
+            release_when_gone(memory, granted, worker.pid)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -108,6 +108,25 @@ def test_harness_memory_admission_waits_and_never_deadlocks():
     assert mem.free["host"] == -40
 
 
+def test_harness_memory_comes_back_once_the_worker_has_ended():
+    """A killed worker's admitted bytes come back when its process has ended (a zombie not yet reaped counts), not
+    at the kill; a process gone already gives them back at once."""
+    import signal
+    import subprocess
+    mem = hp.Memory(100, {})
+    proc = subprocess.Popen(["sleep", "30"])
+    hp.release_when_gone(mem, mem.acquire({"host": 80}), proc.pid)
+    time.sleep(0.3)
+    assert mem.free["host"] == 20   # still running: still counted
+    os.kill(proc.pid, signal.SIGKILL)   # (not waited for: a zombie, as a worker before its zygote reaps it)
+    deadline = time.time() + 5
+    while mem.free["host"] != 100 and time.time() < deadline:
+        time.sleep(0.01)
+    assert mem.free["host"] == 100 and proc.poll() is not None
+    hp.release_when_gone(mem, mem.acquire({"host": 80}), proc.pid)   # reaped just now: gone
+    assert mem.free["host"] == 100
+
+
 def test_harness_memory_budget_serialises_evaluations_and_says_so():
     """With a host budget for about one evaluation at a time, candidates wait for memory (details["mem_wait_s"])
     and still get their verdicts."""
@@ -444,7 +463,8 @@ def test_harness_gpu_big_inputs_all_ok_within_memory():
             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20
     print(f"8 big candidates: {time.time() - start:.0f} s, peak RSS (parent + largest worker) {peak:.1f} GB, waits",
           [r.details.get("mem_wait_s") for r in results], [r.error_kind for r in results], "peak GPU GiB",
-          [round(max(p for p, _ in r.details.get("gpu_mb", {"-": [0, 0]}).values()) / 1024, 1) for r in results])
+          [round(max(p for p, _ in r.details.get("gpu_mb", {"-": [0, 0]}).values()) / 1024, 1) for r in results],
+          "trials on", [r.details.get("trials_on") for r in results])
     assert [r.error_kind for r in results] == ["ok"] * 8, [(r.error_kind, r.error[:300]) for r in results]
     assert not any(r.details.get("rerun_alone") for r in results)   # admitted within memory: no out-of-memory first
 
