@@ -120,8 +120,8 @@ from dataclasses import dataclass, field
 import torch
 
 import static_checks
-from harness_processes import (Gate, Memory, Pool, gpu_lock_path, host_available_bytes, memory_need, run_job,
-                               sealed_file, worker_env)
+from harness_processes import (Gate, Memory, Pool, gpu_budget_bytes, gpu_lock_path, host_available_bytes,
+                               memory_need, run_job, sealed_file, worker_env)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -190,7 +190,6 @@ DEFAULTS = dict(
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less the workers' CUDA contexts,
                              # less what this process reserved
 )
-CONTEXT_GB = 0.75   # a GPU worker's CUDA context, in no job's bytes: 684 MiB on an H100 (CUDA 13, one hardware queue)
 FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py compares)
 
 
@@ -378,10 +377,10 @@ class Evaluator:
         gpu_spare = 2 * self.gpu_workers if self.spare is None else self.spare   # idle GPU workers per GPU
         for gpu in self.gpus:
             budget = self.opts["gpu_memory_gb"]
-            if budget is None:   # less every worker's CUDA context, which no job's bytes count
+            if budget is None:
                 own = torch.cuda.memory_reserved(gpu) if torch.cuda.is_initialized() else 0
-                contexts = (self.gpu_workers + gpu_spare) * CONTEXT_GB * 2**30
-                budget = (0.85 * (torch.cuda.get_device_properties(gpu).total_memory - contexts) - own) / 2**30
+                budget = gpu_budget_bytes(torch.cuda.get_device_properties(gpu).total_memory,
+                                          self.gpu_workers + gpu_spare, own) / 2**30
             gpu_bytes[gpu] = budget * 2**30
         self.memory = Memory(host * 2**30 if host is not None else 0.7 * host_available_bytes(), gpu_bytes)
         gpu_threads = max(1, len(os.sched_getaffinity(0)) // (self.gpu_workers * len(self.gpus) or 1))

@@ -369,6 +369,16 @@ class Memory:
             self.cond.notify_all()
 
 
+CONTEXT_BYTES = 3 * 2**28   # a GPU worker's CUDA context, in no job's bytes: 684 MiB on an H100 (CUDA 13, one queue)
+
+
+def gpu_budget_bytes(total: int, workers: int, own: int = 0) -> float:
+    """One GPU's admission budget: 85% of its memory less the CUDA contexts of its `workers` processes (busy and
+    idle), less what the parent holds there (`own`); at least a tenth of the GPU, where many workers' contexts would
+    leave nothing on a small one. E.g. an 80 GiB GPU with 8 slots (24 workers, 18 GiB of contexts): 52.7 GiB."""
+    return max(0.85 * (total - workers * CONTEXT_BYTES) - own, 0.1 * total)
+
+
 def release_when_gone(memory: Memory, granted: dict, pid: int, timeout: float = 10.0) -> None:
     """Give a killed worker's admitted bytes back once its process has ended, from a background thread: a GPU worker
     frees its memory as it exits, up to a few hundred ms after the kill for a large CUDA context, and a job admitted

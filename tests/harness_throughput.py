@@ -108,6 +108,16 @@ def test_harness_memory_admission_waits_and_never_deadlocks():
     assert mem.free["host"] == -40
 
 
+def test_harness_gpu_budget_leaves_out_the_workers_contexts():
+    """A GPU's admission budget: 85% of what the workers' contexts leave, less the parent's own; a tenth of the GPU
+    where the contexts would take it all."""
+    gib = 2**30
+    assert hp.gpu_budget_bytes(80 * gib, 24) == 0.85 * (80 - 24 * 0.75) * gib   # 8 slots: 52.7 GiB
+    assert hp.gpu_budget_bytes(80 * gib, 24, own=gib) == hp.gpu_budget_bytes(80 * gib, 24) - gib
+    assert hp.gpu_budget_bytes(80 * gib, 0) == 0.85 * 80 * gib
+    assert hp.gpu_budget_bytes(16 * gib, 48) == 0.1 * 16 * gib   # 36 GiB of contexts on a 16 GiB GPU
+
+
 def test_harness_memory_comes_back_once_the_worker_has_ended():
     """A killed worker's admitted bytes come back when its process has ended (a zombie not yet reaped counts), not
     at the kill; a process gone already gives them back at once."""
