@@ -202,6 +202,21 @@ def test_harness_median_ci_width():
     assert eh.DEFAULTS["timing_ci"] == 0.02
 
 
+def test_harness_trial_draws_stop_at_the_cap():
+    """A task whose first draw is over max_trial_gb gets one normal draw and the heavy one: no draw is made beyond
+    them (each of an official level-1 task's draws takes 6.4 GB)."""
+    class Big:
+        calls = 0
+
+        @staticmethod
+        def get_inputs():
+            Big.calls += 1
+            return [eh.torch.randn(1024)]
+    details = {}
+    draws = hw._trial_inputs(Big, dict(eh.DEFAULTS, max_trial_gb=2 * 4096 / 2**30), details)
+    assert [heavy for _, heavy in draws] == [False, True] and Big.calls == 2 and details["trials_capped"] == 1
+
+
 def test_harness_trial_inputs_made_under_the_device_context():
     """With a device, get_inputs()'s factory calls make their tensors there (the meta device stands in for the GPU
     here); a tensor the task puts on the CPU explicitly stays there, only floating tensors are cast, and the heavy
@@ -230,17 +245,6 @@ def test_harness_trial_inputs_made_under_the_device_context():
     draws = hw._trial_inputs(HostOnly, eh.DEFAULTS, details, eh.torch.device("meta"))
     assert all(inputs[0].device.type == "cpu" for inputs, _ in draws) and len(draws) == eh.DEFAULTS["trials"] + 1
     assert "generator" in details["inputs_on_device_failed"]
-
-    class Big:   # one draw over max_trial_gb: one normal draw and the heavy one, no draw made beyond them
-        calls = 0
-
-        @staticmethod
-        def get_inputs():
-            Big.calls += 1
-            return [eh.torch.randn(1024)]
-    details = {}
-    draws = hw._trial_inputs(Big, dict(eh.DEFAULTS, max_trial_gb=2 * 4096 / 2**30), details)
-    assert [heavy for _, heavy in draws] == [False, True] and Big.calls == 2 and details["trials_capped"] == 1
     assert eh.DEFAULTS["inputs_on_device"]   # (on a GPU; CPU evaluations make their inputs on the host as before)
     per_input = 64 * 2**20
     host_made = hp.memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
@@ -1430,8 +1434,8 @@ def test_harness_gpu_graph_timing_agrees_with_kernel_durations_and_is_stable(tmp
 
 def test_harness_compare_in_steps_gives_the_numbers_of_one_step(monkeypatch):
     """A large output is compared in steps of _COMPARE_STEP values (bounded temporaries): NaN and outside counts add
-    up over the steps, the largest errors are the largest of any step, an error in the last, short step counts, and
-    a host-kept reference comes over a step at a time. Every number equals the one-step comparison's."""
+    up over the steps, the largest errors are the largest of any step, an error in the last, short step counts.
+    Every number equals the one-step comparison's."""
     torch = eh.torch
     cpu = torch.device("cpu")
     g = torch.Generator().manual_seed(0)
