@@ -329,8 +329,8 @@ def _tensors(out) -> list:
     return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
 
 
-def _to_device(xs: list, device) -> list:
-    return [x.to(device, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
+def _to_device(xs: list, device, copy: bool = True) -> list:
+    return [x.to(device, copy=copy) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def _nbytes(xs) -> int:
@@ -1210,7 +1210,7 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
                 instr.yield_turn()
             # the stored inputs themselves where they are on the GPU already (the candidate gets copies, args; a
             # kernel that rewrites a stored input anyway only makes its own outputs disagree), a 6.4 GB copy fewer
-            pristine = [x.to(device) if isinstance(x, torch.Tensor) else x for x in trial["inputs"]]
+            pristine = _to_device(trial["inputs"], device, copy=False)
             args = _refill(args, pristine)
             with instr.candidate_call():
                 out = ev.cand_model(*args)
