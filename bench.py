@@ -903,6 +903,16 @@ def slot_occupancy(details: list[dict], slots: int, seconds: float) -> float | N
     return round(held / (slots * seconds), 3)
 
 
+def gate_closed_s(ev) -> float | None:
+    """Seconds the Evaluator's GPU gates have let no new correctness check in (a timer waiting or timing:
+    harness_processes.Gate.closed_s), summed over its GPUs; None before its pools start, or for an older harness
+    whose gates do not count them. Over map's seconds: the share of the round that fair timing closes the GPU."""
+    gates = list((getattr(ev, "gates", None) or {}).values())
+    if not gates or not all(hasattr(gate, "closed_s") for gate in gates):
+        return None
+    return sum(gate.closed_s for gate in gates)
+
+
 def gpu_peak_mb(details: dict) -> int | None:
     """A candidate's peak allocated GPU MiB: the largest over its stages (details["gpu_mb"], [peak, reserved] per
     stage); None without a GPU stage. Against details["mem_need_mb"][1] (the admission's estimate) it says how much
@@ -952,8 +962,10 @@ def bench_round(cfg: Config, tag: str) -> None:
                 warm_s = time.perf_counter() - t0
                 t0 = time.perf_counter()   # the Evaluator's start and the warm-up are not this round's time
             t1 = time.perf_counter()   # (a cold Evaluator boots its workers from here on, in the background)
+            closed0 = gate_closed_s(ev) or 0.0   # (None: a cold Evaluator's gates do not exist yet)
             results = ev.map([(r, c) for r, c, _ in pairs])
             map_s = time.perf_counter() - t1
+            closed = gate_closed_s(ev)
         wall = time.perf_counter() - t0
         stop.set()
         for sampler in samplers:
@@ -974,7 +986,8 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "gpu_peak_mb": [gpu_peak_mb(r.details) for r in results],   # measured, and the estimate
                          "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
                          "slot_occupancy": slot_occupancy([r.details for r in results],
-                                                          opts.get("gpu_workers", cfg.gpu_workers), map_s)}
+                                                          opts.get("gpu_workers", cfg.gpu_workers), map_s),
+                         "gate_closed_frac": None if closed is None else round((closed - closed0) / map_s, 3)}
         agree = sum(coarse(r.error_kind) == label for r, (_, _, label) in zip(results, pairs))
         first = next(iter(runs))
         if name != first:
@@ -985,7 +998,8 @@ def bench_round(cfg: Config, tag: str) -> None:
               f"{summary[name]['cpu_busy_mean']} on average, over 90% in {summary[name]['cpu_busy_over_90pct']} "
               f"of its seconds; GPU busy {summary[name]['gpu_busy_mean']}, over 90% in "
               f"{summary[name]['gpu_busy_over_90pct']} of its half-seconds; GPU slots held "
-              f"{summary[name]['slot_occupancy']} of map's time; largest GPU peak of a candidate "
+              f"{summary[name]['slot_occupancy']} of map's time; GPU closed to new checks (a timer waiting or "
+              f"timing) {summary[name]['gate_closed_frac']} of it; largest GPU peak of a candidate "
               f"{max(filter(None, summary[name]['gpu_peak_mb']), default=0) / 1024:.1f} GiB, admitted for "
               f"{max(filter(None, summary[name]['mem_need_mb']), default=0) / 1024:.1f}); "
               "seconds summed over candidates: "

@@ -241,13 +241,25 @@ class Gate:
     With `lock_path` the gate also holds across processes (every Evaluator, lint and trainer on this machine that
     uses the same GPU): flock(2) on the lock file, shared or exclusive, plus a turnstile file that a timer holds
     while it waits, so that new shared holders of any process queue behind it. The kernel drops a dead process's
-    locks. acquire() returns what release() needs (the lock file's descriptor, None without a lock file)."""
+    locks. acquire() returns what release() needs (the lock file's descriptor, None without a lock file).
+
+    closed_s: seconds during which this process's gate let no new shared holder in (a timer waiting or timing), the
+    price every other worker pays for fair timing; bench.py reports it against the round's wall time."""
 
     def __init__(self, lock_path: str | None = None, max_shared: int | None = None):
         self.cond = threading.Condition()
         self.shared, self.exclusive, self.waiting = 0, False, 0
         self.lock_path = lock_path
         self.max_shared = max_shared   # shared holders of this process at once (None: any number)
+        self.closed_s, self.closed_since = 0.0, None   # (see the docstring; since when it is closed, if it is)
+
+    def _count_closed(self) -> None:   # (under self.cond, after every change of waiting or exclusive)
+        closed, now = self.exclusive or self.waiting > 0, time.monotonic()
+        if closed and self.closed_since is None:
+            self.closed_since = now
+        elif not closed and self.closed_since is not None:
+            self.closed_s += now - self.closed_since
+            self.closed_since = None
 
     def acquire(self, mode: str) -> int | None:
         with self.cond:   # 1. this process's holders
@@ -257,9 +269,11 @@ class Gate:
                 self.shared += 1
             else:
                 self.waiting += 1
+                self._count_closed()
                 self.cond.wait_for(lambda: not self.exclusive and not self.shared)
                 self.waiting -= 1
                 self.exclusive = True
+                self._count_closed()
         return lock_file(self.lock_path, mode) if self.lock_path else None   # 2. other processes' holders
 
     def timer_waiting(self) -> bool:
@@ -288,6 +302,7 @@ class Gate:
                 self.shared -= 1
             else:
                 self.exclusive = False
+                self._count_closed()
             self.cond.notify_all()
 
 

@@ -175,6 +175,18 @@ def test_bench_slot_occupancy_sums_phases_and_waits():
     assert bench.slot_occupancy([], 8, 10.0) is None and bench.slot_occupancy([one], 8, 0.0) is None
 
 
+def test_bench_gate_closed_sums_the_gpus_and_knows_older_harnesses():
+    """The round's closed share reads every GPU gate's closed_s; an Evaluator whose pools have not started, or an
+    older harness whose gates do not count, gives None (not 0: that would claim the GPU was never closed)."""
+    import types
+    import harness_processes as hp
+    one, two = hp.Gate(), hp.Gate()
+    one.closed_s, two.closed_s = 1.5, 0.25
+    assert bench.gate_closed_s(types.SimpleNamespace(gates={0: one, 1: two})) == 1.75
+    assert bench.gate_closed_s(types.SimpleNamespace(gates={})) is None
+    assert bench.gate_closed_s(types.SimpleNamespace(gates={0: types.SimpleNamespace(shared=0)})) is None
+
+
 def test_bench_gpu_peak_is_the_largest_stage_peak():
     """A candidate's peak GPU memory is the largest stage peak (not the reserved bytes, not the last stage's); no
     GPU stage: None."""

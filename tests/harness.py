@@ -499,6 +499,35 @@ def test_harness_gate_timing_is_exclusive_and_not_starved():
     assert events == ["timing", "late shared"], events
 
 
+def test_harness_gate_counts_the_seconds_it_is_closed_to_checks():
+    """Gate.closed_s: shared holders alone close nothing; a timer closes the gate from the moment it waits (behind a
+    shared holder) until it releases; the count stops while the gate is open again."""
+    gate = hp.Gate()
+    gate.acquire("shared")
+    gate.acquire("shared")
+    gate.release("shared")
+    gate.release("shared")
+    assert gate.closed_s == 0.0 and gate.closed_since is None
+    gate.acquire("shared")
+    timer = threading.Thread(target=gate.acquire, args=("exclusive",))
+    t0 = time.monotonic()
+    timer.start()
+    while not gate.waiting:   # the timer queues behind the shared holder: closed from here
+        time.sleep(0.01)
+    time.sleep(0.2)
+    gate.release("shared")
+    timer.join(5)
+    time.sleep(0.1)           # the timer times
+    gate.release("exclusive")
+    held = time.monotonic() - t0
+    assert 0.3 <= gate.closed_s <= held and gate.closed_since is None
+    closed = gate.closed_s
+    time.sleep(0.1)           # open: nothing more is counted
+    gate.acquire("shared")
+    gate.release("shared")
+    assert gate.closed_s == closed
+
+
 def test_harness_gate_caps_its_shared_holders():
     """Gate(max_shared=2) (Evaluator's gpu_checkers): a third shared holder waits until one of two leaves; a timer
     still gets the GPU alone after them; Evaluator refuses gpu_checkers < 1."""

@@ -296,6 +296,7 @@ def test_harness_bench_round_compares_variants_in_one_call(tmp_path, monkeypatch
         assert summary[name]["kinds"] == ["ok", "mismatch"]
         assert summary[name]["vs_baseline"]["same_verdicts"] == 2
     assert summary[second]["vs_first"]["same_verdicts"] == 2
+    assert summary["baseline"]["gate_closed_frac"] is None   # (the CPU: no GPU gate to be closed)
     opts = bench._round_opts("gpu_workers=16,trials=3,timing_budget_s=0.05,share_reference=false,x=y")
     assert opts == {"gpu_workers": 16, "trials": 3, "timing_budget_s": 0.05, "share_reference": False, "x": "y"}
     assert type(opts["gpu_workers"]) is int and type(opts["trials"]) is int
