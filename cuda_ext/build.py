@@ -15,9 +15,11 @@ How it departs from torch's load_inline (each choice is measured; numbers in the
      includes that every generated per-operator header carries. That is the big win: the one-shot example's .cu
      takes 18.5 CPU s with nvcc instead of 142 (measured on our CPU machine; numbers in kz_prelude.cuh).
   3. main.cpp (the pybind11 bindings, written exactly as load_inline writes them) is compiled against a precompiled
-     <torch/extension.h> (a GCC PCH) built once per machine and flag set into cache_root()/pch. torch's own
-     `use_pch=True` can not be used here: it writes the PCH into torch's include directory and every plain
-     load_inline call (use_pch=False) deletes it again, which races with parallel builds.
+     header (a GCC PCH) built once per machine and flag set into cache_root()/pch. torch's own `use_pch=True` can
+     not be used here: it writes the PCH into torch's include directory and every plain load_inline call
+     (use_pch=False) deletes it again, which races with parallel builds. Where the cpp sources only declare
+     functions (the usual `torch::Tensor f(torch::Tensor x);`), main.cpp includes <torch/python.h> instead of
+     <torch/extension.h>: the same bindings without the C++ frontend (fast_main_cpp).
   4. One architecture: the current GPU's (sm_90 on the H200) or TORCH_CUDA_ARCH_LIST, no PTX copy.
   5. The verdict never changes: if the fast build fails for any reason, the exact plain load_inline runs (its own
      directory, torch's flags). The module says which path built it: `module.__kz_build__` is "fast", "plain",
@@ -155,6 +157,26 @@ def main_cpp_source(cpp_sources: list[str], functions, with_pytorch_error_handli
     return "\n".join(lines)
 
 
+# <torch/extension.h> is <torch/all.h> (the C++ frontend: nn, optim, data, ...) + <torch/python.h> (pybind11 and
+# torch's type casters). The bindings need only the second, and GCC instantiates the templates that a header leaves
+# pending in every file that includes it, PCH or not: main.cpp of the one-shot example took 7.0 s of CPU with the
+# precompiled <torch/extension.h> and 4.7 s with a precompiled <torch/python.h> (g++, our 2-core CPU machine)
+BINDINGS_HEADER = "torch/python.h"
+COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def fast_main_cpp(main_cpp: str, cpp_sources: list[str]) -> tuple[str, str]:
+    """(main.cpp, the header to precompile for it). Cpp sources that only declare (no braces, no preprocessor
+    lines, nothing from the C++ frontend) name types that <torch/types.h> declares, or fail to compile (then the
+    plain build decides): main.cpp then includes <torch/python.h>. No header that <torch/all.h> adds declares a
+    pybind11 type caster (a test checks), so the bindings convert every argument as plain's do. Anything else:
+    main.cpp as plain writes it."""
+    code = COMMENT_RE.sub("", "\n".join(cpp_sources))
+    if "{" in code or "#" in code or NEEDS_FULL_RE.search(code):
+        return main_cpp, "torch/extension.h"
+    return main_cpp.replace("#include <torch/extension.h>", f"#include <{BINDINGS_HEADER}>", 1), BINDINGS_HEADER
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Flags: one GPU architecture, and the flags main.cpp is compiled with (the PCH must be built with the same ones)
 
@@ -208,8 +230,9 @@ def tool_versions() -> str:
 # The precompiled header for main.cpp (built once per machine and flag set)
 
 def ensure_pch(extra_cflags: list[str], extra_include_paths: list[str], verbose: bool = False,
-               max_pchs: int = 8) -> str | None:
-    """A directory holding torch/extension.h.gch for these flags, or None when there is none (yet).
+               max_pchs: int = 8, header: str = "torch/extension.h") -> str | None:
+    """A directory holding HEADER.gch (torch/extension.h.gch, or torch/python.h.gch: fast_main_cpp) for these
+    flags, or None when there is none (yet).
 
     main.cpp is `#include <torch/extension.h>` + declarations + bindings. CPU seconds with g++ on our shared CPU
     machine: 36-45 without the PCH, 12-18 with it (most of the rest is GCC instantiating templates at the end of
@@ -219,9 +242,9 @@ def ensure_pch(extra_cflags: list[str], extra_include_paths: list[str], verbose:
     other flags (-O3, -g, -std...), so the PCH is keyed by the flags. Exactly one process builds it (a file lock);
     the others compile without it in the meantime rather than wait."""
     flags = host_flags(extra_cflags, extra_include_paths)
-    key = hashlib.sha256(json.dumps([torch.__version__, tool_versions(), flags]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([torch.__version__, tool_versions(), flags, header]).encode()).hexdigest()[:16]
     root = os.path.join(cache_root(), "pch", key)
-    gch = os.path.join(root, "torch", "extension.h.gch")
+    gch = os.path.join(root, header + ".gch")
     if os.path.exists(gch):
         return root
     if os.path.exists(os.path.join(root, "failed.txt")):
@@ -237,8 +260,11 @@ def ensure_pch(extra_cflags: list[str], extra_include_paths: list[str], verbose:
             return None   # another process is building it right now
         if os.path.exists(gch):
             return root
-        header = os.path.join(torch_include_dir(), "torch", "extension.h")
-        cmd = shlex.split(cpp_extension.get_cxx_compiler()) + ["-x", "c++-header", header, "-o", gch + ".tmp"] + flags
+        # (torch/python.h lives in torch's C++ API include directory, torch/extension.h at the top)
+        source = next((path for path in (os.path.join(torch_include_dir(), header),
+                                         os.path.join(torch_include_dir(), "torch", "csrc", "api", "include", header))
+                       if os.path.exists(path)), os.path.join(torch_include_dir(), header))
+        cmd = shlex.split(cpp_extension.get_cxx_compiler()) + ["-x", "c++-header", source, "-o", gch + ".tmp"] + flags
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:   # e.g. a flag the host compiler rejects: main.cpp's own compile will say so
@@ -247,7 +273,7 @@ def ensure_pch(extra_cflags: list[str], extra_include_paths: list[str], verbose:
             return None
         os.replace(gch + ".tmp", gch)   # atomic: nobody ever sees half a PCH
         if verbose:
-            print(f"[kz] built the precompiled <torch/extension.h> in {time.time() - t0:.1f} s: {gch}", file=sys.stderr)
+            print(f"[kz] built the precompiled <{header}> in {time.time() - t0:.1f} s: {gch}", file=sys.stderr)
     return root
 
 
@@ -305,7 +331,7 @@ def fast_load_inline(name, cpp_sources, cuda_sources=None, functions=None, extra
     extra_cflags, extra_cuda_cflags = list(extra_cflags or []), list(extra_cuda_cflags or [])
     extra_ldflags, extra_include_paths = list(extra_ldflags or []), list(extra_include_paths or [])
 
-    main_cpp = main_cpp_source(cpp_list, functions, with_pytorch_error_handling)
+    main_cpp, header = fast_main_cpp(main_cpp_source(cpp_list, functions, with_pytorch_error_handling), cpp_list)
     cuda_cu = fast_cuda_source(cuda_list) if cuda_list else ""
     arch = arch_flags(extra_cuda_cflags)
     key = build_key(name, main_cpp, cuda_cu, [extra_cflags, arch + extra_cuda_cflags, extra_ldflags,
@@ -340,7 +366,7 @@ def fast_load_inline(name, cpp_sources, cuda_sources=None, functions=None, extra
             for fname, text in (("main.cpp", main_cpp), ("cuda.cu", cuda_cu)):
                 with open(os.path.join(directory, fname), "w") as f:
                     f.write(text)
-            pch = ensure_pch(extra_cflags, extra_include_paths, verbose)
+            pch = ensure_pch(extra_cflags, extra_include_paths, verbose, header=header)
             remove_stale_lock(directory)
             module = cpp_extension.load(
                 name, [os.path.join(directory, "main.cpp"), os.path.join(directory, "cuda.cu")],

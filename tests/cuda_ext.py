@@ -109,6 +109,60 @@ def test_cudabuild_main_cpp_is_what_torch_writes(tmp_path, monkeypatch):
         assert (tmp_path / "main.cpp").read_text() == mine
 
 
+def test_cudabuild_main_cpp_includes_only_the_bindings_half_for_declarations():
+    """Cpp sources that only declare get main.cpp with <torch/python.h> (braces or # inside comments do not count);
+    a body, a preprocessor line or the C++ frontend keep plain's <torch/extension.h>; the rest of the text is
+    plain's, byte for byte."""
+    decl = "torch::Tensor f(torch::Tensor a, double eps); // a {comment}\n/* #define X */"
+    plain = build.main_cpp_source([decl], ["f"], True)
+    slim, header = build.fast_main_cpp(plain, [decl])
+    assert header == "torch/python.h" and slim.splitlines()[0] == "#include <torch/python.h>"
+    assert slim.splitlines()[1:] == plain.splitlines()[1:]
+    for kept in ("torch::Tensor f(torch::Tensor a) { return a; }", "#include <vector>\ntorch::Tensor f(torch::Tensor a);",
+                 "torch::Tensor f(torch::nn::Module m);"):
+        main = build.main_cpp_source([kept], ["f"], True)
+        assert build.fast_main_cpp(main, [kept]) == (main, "torch/extension.h")
+
+
+def test_cudabuild_extension_h_adds_no_pybind11_beyond_python_h():
+    """Why the slim main.cpp binds as plain's does: <torch/extension.h> is <torch/all.h> + <torch/python.h>, and no
+    header of torch's C++ API but python.h mentions pybind11 (a type caster seen by one build and not the other would
+    convert arguments differently)."""
+    inc = build.torch_include_dir()
+    text = open(os.path.join(inc, "torch", "extension.h")).read()
+    assert re.findall(r"#include <([\w/.]+)>", text) == ["torch/all.h", "torch/python.h"]
+    api = os.path.join(inc, "torch", "csrc", "api", "include")
+    mentions = [os.path.relpath(os.path.join(d, f), api) for d, _, files in os.walk(api) for f in files
+                if "pybind11" in open(os.path.join(d, f), errors="replace").read()]
+    assert mentions == [os.path.join("torch", "python.h")], mentions
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not os.path.exists(
+    os.path.join(sysconfig.get_path("include"), "Python.h")), reason="needs g++ and Python's headers")
+def test_cudabuild_slim_main_cpp_binds_like_plain_on_the_cpu(tmp_path):
+    """The slim main.cpp (<torch/python.h>) built for real, without CUDA (a C++ body in a second file stands in for
+    the .cu), imported and called: the result is right, a wrong argument type is pybind11's TypeError and a failed
+    TORCH_CHECK a RuntimeError carrying its message, as with plain's bindings (~30 s of CPU)."""
+    from torch.utils import cpp_extension
+    decl = "torch::Tensor twice(torch::Tensor a);"
+    main, header = build.fast_main_cpp(build.main_cpp_source([decl], ["twice"], True), [decl])
+    assert header == "torch/python.h"
+    (tmp_path / "main.cpp").write_text(main)
+    (tmp_path / "impl.cpp").write_text("#include <ATen/core/Tensor.h>\n#include <ATen/ops/mul.h>\n"
+                                       "namespace torch { using at::Tensor; }\n"
+                                       "torch::Tensor twice(torch::Tensor a) {\n"
+                                       "  TORCH_CHECK(a.dim() == 1, \"twice wants 1-D, got \", a.dim());\n"
+                                       "  return at::mul(a, 2); }\n")
+    module = cpp_extension.load("kz_slim_twice", [str(tmp_path / "main.cpp"), str(tmp_path / "impl.cpp")],
+                                build_directory=str(tmp_path), with_cuda=False)
+    x = torch.arange(4.0)
+    assert torch.equal(module.twice(x), 2 * x)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        module.twice("not a tensor")
+    with pytest.raises(RuntimeError, match="twice wants 1-D, got 2"):
+        module.twice(torch.ones(2, 2))
+
+
 def test_cudabuild_pch_built_once_skipped_when_locked_or_failing(tmp_path, monkeypatch):
     import fcntl
     fake_cxx, log = tmp_path / "fake-c++", tmp_path / "runs.log"   # writes its -o file; exit status $KZ_FAKE_RC
@@ -133,13 +187,17 @@ def test_cudabuild_pch_built_once_skipped_when_locked_or_failing(tmp_path, monke
     assert build.ensure_pch(["-O2"], []) is None and build.ensure_pch(["-O2"], []) is None
     assert runs() == 3                                                  # a failing PCH build is not retried
     assert build.ensure_pch(["-g"], [], max_pchs=3) is None and runs() == 3   # the disk cap
+    monkeypatch.delenv("KZ_FAKE_RC")
+    slim = build.ensure_pch([], [], header="torch/python.h")             # the bindings' half: its own PCH,
+    assert slim != root and os.path.exists(os.path.join(slim, "torch", "python.h.gch")) and runs() == 4
+    assert build.ensure_pch([], [], header="torch/python.h") == slim and runs() == 4
 
 
 def _cudabuild_patch(monkeypatch, tmp_path, fast=None, plain=None):
     """Point the cache at tmp_path, skip the PCH, and replace the two compilers; returns the call log."""
     calls = []
     monkeypatch.setenv("KZ_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(build, "ensure_pch", lambda *a, **k: str(tmp_path / "pch"))
+    monkeypatch.setattr(build, "ensure_pch", lambda *a, header="torch/extension.h", **k: str(tmp_path / "pch" / header))
     monkeypatch.setattr(build, "import_built", lambda name, so: _cudabuild_fake_module(so))
 
     def fake_load(name, sources, **kw):
@@ -165,7 +223,8 @@ def test_cudabuild_fast_path_flags_and_warm_cache(tmp_path, monkeypatch):
     module = build.fast_load_inline(**_cudabuild_example_pieces(), extra_cuda_cflags=["-O3"])
     assert module.__kz_build__ == "fast" and [c[0] for c in calls] == ["fast"]
     sources, kw = calls[0][1], calls[0][2]
-    assert kw["extra_cflags"][0] == f"-I{tmp_path / 'pch'}"
+    assert kw["extra_cflags"][0] == f"-I{tmp_path / 'pch' / 'torch/python.h'}"   # (declarations only: the slim one)
+    assert open(sources[0]).read().startswith("#include <torch/python.h>\n")
     assert kw["extra_cuda_cflags"] == ["-gencode=arch=compute_90,code=sm_90", "-O3"]
     cu = open(sources[1]).read()
     assert "#include <ATen/core/Tensor.h>" in cu and "ATen/ops/empty_like.h" in cu
