@@ -99,7 +99,8 @@ def test_cudabuild_every_pasted_op_declaration_compiles_with_the_prelude(tmp_pat
 
 
 def test_cudabuild_main_cpp_is_what_torch_writes(tmp_path, monkeypatch):
-    """main.cpp (compiled with the PCH) must be byte-identical to plain load_inline's: its verdict is plain's."""
+    """main_cpp_source is plain load_inline's main.cpp byte for byte (fast_main_cpp may then swap its first include,
+    for declaration-only sources): its verdict is plain's."""
     from torch.utils import cpp_extension
     monkeypatch.setattr(cpp_extension, "_jit_compile", lambda *a, **k: None)   # write the sources, build nothing
     pieces = _cudabuild_example_pieces()
