@@ -112,7 +112,7 @@ class Worker:
         finally:
             child.close()
             os.close(out_write)
-        self.tail, self.output_bytes = collections.deque(), 0
+        self.tail, self.output_bytes, self.letting_go = collections.deque(), 0, []
         self.drain = threading.Thread(target=self._drain, args=(open(out_read, "rb"),), daemon=True)
         self.drain.start()
 
@@ -136,12 +136,30 @@ class Worker:
             return self.zygote.ask("reap", self.pid, timeout, timeout=timeout + 30)
         return None
 
-    def kill(self) -> None:
+    def kill(self, wait: bool = True) -> None:
+        """SIGKILL the worker's process group, then let go of it (_let_go). `wait=False` (run_job: a GPU slot
+        waits for the next candidate meanwhile) lets go in a background thread: reading the output to its end waits
+        for the process to have exited, which for a GPU worker (its CUDA context torn down) takes up to a few
+        hundred ms, and 5 s where a child that escaped the group holds the pipe open."""
         for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):   # the group: the candidate's children too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(target, signal.SIGKILL)
-        # No waiting for it to end: a GPU worker's exit (its CUDA context torn down) can take a few hundred ms, and
-        # the zygote answers one request at a time, so every fork would queue behind it. It reaps it later.
+        if wait:
+            self._let_go()
+            return
+
+        def let_go() -> None:
+            try:
+                self._let_go()
+            finally:
+                self.letting_go.remove(thread)
+        thread = threading.Thread(target=let_go, daemon=True)
+        self.letting_go.append(thread)   # (its pool's list of those still running: Pool.close waits for them)
+        thread.start()
+
+    def _let_go(self) -> None:
+        # No waiting for the exit code: the zygote answers one request at a time, so every fork would queue behind
+        # a GPU worker's exit. It reaps it later.
         self.exit_code(timeout=0)
         self.drain.join(timeout=5)   # (EOF once the group is dead; a child that escaped it may hold the pipe open)
         self.conn.close()
@@ -160,6 +178,7 @@ class Pool:
 
     def __init__(self, env: dict, spare: int):
         self.env, self.spare, self.idle, self.lock, self.zygote = env, spare, [], threading.Lock(), None
+        self.letting_go = []   # background threads letting go of killed workers (Worker.kill(wait=False))
 
     def _fork(self) -> Worker:   # (under self.lock)
         for attempt in range(2):   # a zygote that dies while it forks (killed for memory) is replaced once
@@ -172,7 +191,9 @@ class Pool:
             if self.zygote is None:
                 self.zygote = Zygote(self.env)
             try:
-                return Worker(self.zygote)
+                worker = Worker(self.zygote)
+                worker.letting_go = self.letting_go
+                return worker
             except (EOFError, OSError) as e:
                 if attempt:
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -199,6 +220,8 @@ class Pool:
             for worker in self.idle:
                 worker.kill()
             self.idle.clear()
+            for thread in list(self.letting_go):   # (no worker's directory outlives its pool)
+                thread.join(timeout=10)
             if self.zygote is not None:
                 self.zygote.close()
                 self.zygote = None
@@ -554,7 +577,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     finally:
         if gate and held:
             gate.release(held, held_fd)
-        worker.kill()
+        worker.kill(wait=False)   # (the result is in: nothing more is read from the worker)
         if memory is not None and granted is not None:
             release_when_gone(memory, granted, worker.pid)
 

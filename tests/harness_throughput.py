@@ -656,6 +656,41 @@ def _good_relu_verdict(worker) -> str:
     return hp.run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
 
 
+def test_harness_run_job_lets_go_of_its_worker_in_the_background():
+    """run_job returns its verdict without waiting for the worker's output to end (a GPU worker's exit takes up to
+    a few hundred ms; a child that escaped the group holds the pipe open for seconds), and the worker is still let
+    go of: once its output ends, its pipe is closed and its directory removed. kill() itself waits."""
+    pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
+    try:
+        worker, release = pool.take(), threading.Event()
+        output = worker.drain   # its output, as if a child kept it open until `release`
+        worker.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
+        worker.drain.start()
+        assert _good_relu_verdict(worker) == "ok"
+        assert worker.drain.is_alive() and os.path.isdir(worker.dir) and not worker.conn.closed   # not waited for
+        assert len(pool.letting_go) == 1 and pool.letting_go[0].is_alive()
+        thread = pool.letting_go[0]
+        release.set()
+        thread.join(60)
+        assert not os.path.isdir(worker.dir) and worker.conn.closed and pool.letting_go == []   # (done: unlisted)
+        other, release = pool.take(), threading.Event()
+        output = other.drain
+        other.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
+        other.drain.start()
+        threading.Timer(0.5, release.set).start()
+        other.kill()   # (waits for the output's end)
+        assert release.is_set() and not os.path.isdir(other.dir) and other.conn.closed
+        last, release = pool.take(), threading.Event()   # one still letting go when its pool closes:
+        output = last.drain
+        last.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
+        last.drain.start()
+        assert _good_relu_verdict(last) == "ok" and os.path.isdir(last.dir)
+        threading.Timer(0.5, release.set).start()
+    finally:
+        pool.close()
+    assert not os.path.isdir(last.dir)   # close() waited for it
+
+
 def test_harness_gpu_workers_get_one_hardware_queue_per_context(monkeypatch):
     """GPU workers' environment sets CUDA_DEVICE_MAX_CONNECTIONS from the gpu_max_connections option (1 by default:
     each fresh process's context is then cheaper for the driver to create and tear down), over the caller's own
