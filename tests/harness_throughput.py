@@ -722,7 +722,7 @@ class _ScriptedWorker:
     def log_tail(self, n=1200):
         return ""
 
-    def kill(self):
+    def kill(self, wait=True):
         self.conn.close()
 
 
