@@ -119,8 +119,8 @@ def test_cudabuild_main_cpp_includes_only_the_bindings_half_for_declarations():
     slim, header = build.fast_main_cpp(plain, [decl])
     assert header == "torch/python.h" and slim.splitlines()[0] == "#include <torch/python.h>"
     assert slim.splitlines()[1:] == plain.splitlines()[1:]
-    for kept in ("torch::Tensor f(torch::Tensor a) { return a; }", "#include <vector>\ntorch::Tensor f(torch::Tensor a);",
-                 "torch::Tensor f(torch::nn::Module m);"):
+    for kept in ("torch::Tensor f(torch::Tensor a) { return a; }",
+                 "#include <vector>\ntorch::Tensor f(torch::Tensor a);", "torch::Tensor f(torch::nn::Module m);"):
         main = build.main_cpp_source([kept], ["f"], True)
         assert build.fast_main_cpp(main, [kept]) == (main, "torch/extension.h")
 
