@@ -99,8 +99,10 @@ class Worker:
 
     TAIL_BYTES = 64 * 1024
 
-    def __init__(self, zygote: Zygote):
+    def __init__(self, zygote: Zygote, letting_go: list | None = None):
         self.zygote, self.dir = zygote, tempfile.mkdtemp(prefix="kz_worker_")   # candidate files, build outputs
+        # background threads letting go of killed workers (kill(wait=False)): its pool's list, which close() joins
+        self.letting_go = [] if letting_go is None else letting_go
         self.conn, child = multiprocessing.Pipe()
         out_read, out_write = os.pipe()
         try:
@@ -112,7 +114,7 @@ class Worker:
         finally:
             child.close()
             os.close(out_write)
-        self.tail, self.output_bytes, self.letting_go = collections.deque(), 0, []
+        self.tail, self.output_bytes = collections.deque(), 0
         self.drain = threading.Thread(target=self._drain, args=(open(out_read, "rb"),), daemon=True)
         self.drain.start()
 
@@ -154,7 +156,7 @@ class Worker:
             finally:
                 self.letting_go.remove(thread)
         thread = threading.Thread(target=let_go, daemon=True)
-        self.letting_go.append(thread)   # (its pool's list of those still running: Pool.close waits for them)
+        self.letting_go.append(thread)   # (only those still running are listed)
         thread.start()
 
     def _let_go(self) -> None:
@@ -178,7 +180,7 @@ class Pool:
 
     def __init__(self, env: dict, spare: int):
         self.env, self.spare, self.idle, self.lock, self.zygote = env, spare, [], threading.Lock(), None
-        self.letting_go = []   # background threads letting go of killed workers (Worker.kill(wait=False))
+        self.letting_go = []   # its workers' background let-go threads (Worker.kill(wait=False)), joined by close()
 
     def _fork(self) -> Worker:   # (under self.lock)
         for attempt in range(2):   # a zygote that dies while it forks (killed for memory) is replaced once
@@ -191,9 +193,7 @@ class Pool:
             if self.zygote is None:
                 self.zygote = Zygote(self.env)
             try:
-                worker = Worker(self.zygote)
-                worker.letting_go = self.letting_go
-                return worker
+                return Worker(self.zygote, self.letting_go)
             except (EOFError, OSError) as e:
                 if attempt:
                     with contextlib.suppress(subprocess.TimeoutExpired):

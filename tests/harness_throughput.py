@@ -656,16 +656,23 @@ def _good_relu_verdict(worker) -> str:
     return hp.run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
 
 
+def _hold_output(worker) -> threading.Event:
+    """Make `worker`'s output look open (as when a child that escaped its group holds the pipe) until the returned
+    event is set."""
+    release, output = threading.Event(), worker.drain
+    worker.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
+    worker.drain.start()
+    return release
+
+
 def test_harness_run_job_lets_go_of_its_worker_in_the_background():
     """run_job returns its verdict without waiting for the worker's output to end (a GPU worker's exit takes up to
     a few hundred ms; a child that escaped the group holds the pipe open for seconds), and the worker is still let
     go of: once its output ends, its pipe is closed and its directory removed. kill() itself waits."""
     pool = hp.Pool(hp.worker_env("cpu", "triton", eh.DEFAULTS, "run"), spare=0)
     try:
-        worker, release = pool.take(), threading.Event()
-        output = worker.drain   # its output, as if a child kept it open until `release`
-        worker.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
-        worker.drain.start()
+        worker = pool.take()
+        release = _hold_output(worker)
         assert _good_relu_verdict(worker) == "ok"
         assert worker.drain.is_alive() and os.path.isdir(worker.dir) and not worker.conn.closed   # not waited for
         assert len(pool.letting_go) == 1 and pool.letting_go[0].is_alive()
@@ -673,17 +680,13 @@ def test_harness_run_job_lets_go_of_its_worker_in_the_background():
         release.set()
         thread.join(60)
         assert not os.path.isdir(worker.dir) and worker.conn.closed and pool.letting_go == []   # (done: unlisted)
-        other, release = pool.take(), threading.Event()
-        output = other.drain
-        other.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
-        other.drain.start()
+        other = pool.take()
+        release = _hold_output(other)
         threading.Timer(0.5, release.set).start()
         other.kill()   # (waits for the output's end)
         assert release.is_set() and not os.path.isdir(other.dir) and other.conn.closed
-        last, release = pool.take(), threading.Event()   # one still letting go when its pool closes:
-        output = last.drain
-        last.drain = threading.Thread(target=lambda: (release.wait(60), output.join(60)), daemon=True)
-        last.drain.start()
+        last = pool.take()   # one still letting go when its pool closes
+        release = _hold_output(last)
         assert _good_relu_verdict(last) == "ok" and os.path.isdir(last.dir)
         threading.Timer(0.5, release.set).start()
     finally:
