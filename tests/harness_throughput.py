@@ -877,10 +877,14 @@ def test_harness_zygote_forks_fresh_workers_in_their_own_sessions():
             assert int(state[1]) == pool.zygote.proc.pid, state   # forked by the zygote, not spawned by us
             assert int(state[3]) == worker.pid and int(state[2]) == worker.pid   # its own session and group
         assert _good_relu_verdict(a) == "ok"   # (run_job kills it afterwards)
-        b.kill()   # (returns at once; the zygote reaps it at its next request)
+        # the signal kill() sends first, on its own: kill() itself asks the zygote to reap at once, and where the
+        # worker is dead by then (a busy zygote: run_job lets go of `a` in the background) it takes the exit code
+        os.killpg(b.pid, signal.SIGKILL)
         assert b.exit_code(timeout=5) == -signal.SIGKILL
         assert not os.path.exists(f"/proc/{b.pid}")   # reaped: no zombie left
         assert b.exit_code(timeout=1) is None   # (the zygote knows no such child any more)
+        b.kill()   # (gone already: no error; its pipe closed, its directory removed)
+        assert not os.path.isdir(b.dir)
     finally:
         pool.close()
     assert pool.zygote is None
