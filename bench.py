@@ -913,6 +913,18 @@ def gate_closed_s(ev) -> float | None:
     return sum(gate.closed_s for gate in gates)
 
 
+def stretches(longest: list) -> str:
+    """The candidates' longest stretches holding the shared GPU turn, by what they were doing: how many, median and
+    largest seconds (a timer waits for the slowest holder's stretch; "timing" is the one before a turn alone)."""
+    by = collections.defaultdict(list)
+    for seconds, phase in longest:
+        if seconds is not None:
+            by[phase].append(seconds)
+    return "longest shared stretches " + (", ".join(
+        f"{phase} {len(xs)} x median {statistics.median(xs):.3f} max {max(xs):.3f} s" for phase, xs in sorted(by.items()))
+        or "not reported")
+
+
 def gpu_peak_mb(details: dict) -> int | None:
     """A candidate's peak allocated GPU MiB: the largest over its stages (details["gpu_mb"], [peak, reserved] per
     stage); None without a GPU stage. Against details["mem_need_mb"][1] (the admission's estimate) it says how much
@@ -985,6 +997,10 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "gpu_turns": sum(r.details.get("gpu_turns") or 0 for r in results),
                          "gpu_peak_mb": [gpu_peak_mb(r.details) for r in results],   # measured, and the estimate
                          "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
+                         # what a waiting timer waits for: each candidate's longest stretch holding the shared turn
+                         "longest_shared": [[r.details.get("longest_shared_s"), r.details.get("longest_shared_phase")]
+                                            for r in results],
+                         "exclusive_wait_s": [r.details.get("exclusive_wait_s") for r in results],
                          "slot_occupancy": slot_occupancy([r.details for r in results],
                                                           opts.get("gpu_workers", cfg.gpu_workers), map_s),
                          "gate_closed_frac": None if closed is None else round((closed - closed0) / map_s, 3)}
@@ -1004,6 +1020,7 @@ def bench_round(cfg: Config, tag: str) -> None:
               f"{max(filter(None, summary[name]['mem_need_mb']), default=0) / 1024:.1f}); "
               "seconds summed over candidates: "
               + ", ".join(f"{k} {v:.1f}" for k, v in spent.items())
+              + f"; {stretches(summary[name]['longest_shared'])}"
               + (f"; against {first}: {summary[name]['vs_first']}" if name != first else ""), flush=True)
         record(cfg, f"round_{name}", summary[name])
         if cfg.round_profile:

@@ -485,8 +485,11 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     for the GPU turn; between trials a worker first asks whether a timer waits, and passes its turn only then),
     details["mem_wait_s"] when the job waited for memory, and for a job that timed,
     details["exclusive_s"] (seconds it held the GPU alone: every other worker on it waited meanwhile) and
-    details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn)."""
+    details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn); details["longest_shared_s"] and
+    details["longest_shared_phase"]: the longest stretch this worker held its shared turn without a message (no
+    chance to give the turn up: a timer waiting for this GPU waits for the slowest such stretch among the holders)."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
+    longest, last = (0.0, None), time.monotonic()   # (seconds, phase) of the longest stretch; the last message's time
     alone = {"since": None, "held": 0.0, "waited": 0.0}   # the exclusive turn: when taken, seconds held and waited
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
@@ -512,6 +515,8 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
             reply["details"].update(exclusive_s=round(alone["held"], 3), exclusive_wait_s=round(alone["waited"], 3))
         if mem_waited > 0.01:
             reply["details"]["mem_wait_s"] = round(mem_waited, 3)
+        if longest[1] is not None:
+            reply["details"].update(longest_shared_s=round(longest[0], 3), longest_shared_phase=longest[1])
         if worker.output_bytes > Worker.TAIL_BYTES:
             reply["details"]["output_bytes"] = worker.output_bytes
         if pack is not None and reply.get("error_kind") == "ok":
@@ -527,6 +532,9 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                                "details": {"phase": phase}})
             try:
                 message = worker.conn.recv()
+                if held == "shared" and time.monotonic() - last > longest[0]:   # ("timing": the stretch before a
+                    timing = message[:2] == ("gpu", "exclusive")                 # timer asks for its turn alone)
+                    longest = (time.monotonic() - last, "timing" if timing else phase)
                 if message[0] == "ready":
                     if known:   # sizes measured already (a shared reference): admitted before it is sent
                         wait = admit(*known)
@@ -574,6 +582,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                     worker.conn.send(bool(gate is not None and gate.timer_waiting()))
             elif message[0] == "result":
                 return finish(message[1])
+            last = time.monotonic()
     finally:
         if gate and held:
             gate.release(held, held_fd)

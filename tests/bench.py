@@ -175,6 +175,14 @@ def test_bench_slot_occupancy_sums_phases_and_waits():
     assert bench.slot_occupancy([], 8, 10.0) is None and bench.slot_occupancy([one], 8, 0.0) is None
 
 
+def test_bench_stretches_group_by_phase_and_skip_older_harnesses():
+    """The round's line on the candidates' longest shared-turn stretches: grouped by what they did, counted, median
+    and largest; candidates of an older harness (no such detail) are left out, and a run with none says so."""
+    line = bench.stretches([[0.1, "run"], [0.4, "timing"], [None, None], [0.3, "run"], [0.2, "run"]])
+    assert line == "longest shared stretches run 3 x median 0.200 max 0.300 s, timing 1 x median 0.400 max 0.400 s"
+    assert bench.stretches([[None, None]]).endswith("not reported")
+
+
 def test_bench_gate_closed_sums_the_gpus_and_knows_older_harnesses():
     """The round's closed share reads every GPU gate's closed_s; an Evaluator whose pools have not started, or an
     older harness whose gates do not count, gives None (not 0: that would claim the GPU was never closed)."""

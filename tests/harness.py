@@ -724,9 +724,9 @@ def test_harness_worker_gives_its_turn_back_between_trials_only_to_a_waiting_tim
     kept, passed = turns(False), turns(True)
     trials = kept["trials"]
     assert kept["gpu_turns"] == 1   # the reference's
-    # + one pass (the parent gives the turn back and waits for it again) before every reference output but the
-    # first, and before every trial but the first
-    assert passed["gpu_turns"] == 1 + (trials - 1) + (trials - 1), passed
+    # + one pass (the parent gives the turn back and waits for it again) before every reference output and before
+    # every trial
+    assert passed["gpu_turns"] == 1 + trials + trials, passed
 
 
 def test_harness_trials_capped_by_host_memory():

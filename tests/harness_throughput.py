@@ -772,6 +772,57 @@ def test_harness_exclusive_turn_time_is_reported():
     assert "exclusive_s" not in run(checker)
 
 
+def test_harness_longest_shared_stretch_is_reported():
+    """run_job reports the longest stretch a worker held its shared GPU turn without a message to its parent
+    (longest_shared_s: a waiting timer waits for the slowest such stretch among the holders) and what it was doing:
+    its phase, or "timing" for the stretch that ends in its request to time alone; waits and stretches without the
+    turn do not count, and a job that never held the turn reports none."""
+    gate, limits = hp.Gate(), {"startup": 30.0, "reference": 30.0, "run": 30.0}
+
+    def run(script) -> dict:
+        worker, box = _ScriptedWorker(), {}
+        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits, gate)))
+        thread.start()
+        script(worker.other)
+        thread.join(30)
+        return box["r"]["details"]
+
+    def ask(conn, *message):
+        conn.send(message)
+        return conn.recv() if message[0] in ("gpu", "timer?") else None
+
+    def worker(prelude: float, trial: float):
+        def script(conn):
+            conn.send(("ready", 0))
+            conn.recv()
+            time.sleep(0.5)                # no turn yet: not counted
+            ask(conn, "phase", "reference")
+            ask(conn, "gpu", "shared")
+            time.sleep(0.1)
+            ask(conn, "timer?")
+            ask(conn, "phase", "run")
+            time.sleep(trial)              # a trial
+            ask(conn, "timer?")
+            time.sleep(prelude)            # captures and warm-up, then the turn alone
+            ask(conn, "gpu", "exclusive")
+            time.sleep(0.6)                # alone: not a shared stretch
+            ask(conn, "gpu", "shared")
+            conn.send(("result", {"error_kind": "ok"}))
+        return script
+
+    details = run(worker(prelude=0.4, trial=0.2))
+    assert details["longest_shared_phase"] == "timing" and 0.35 < details["longest_shared_s"] < 0.6, details
+    details = run(worker(prelude=0.1, trial=0.4))
+    assert details["longest_shared_phase"] == "run" and 0.35 < details["longest_shared_s"] < 0.6, details
+
+    def never(conn):
+        conn.send(("ready", 0))
+        conn.recv()
+        time.sleep(0.2)
+        conn.send(("result", {"error_kind": "compile"}))
+    assert "longest_shared_s" not in run(never)
+
+
 def test_harness_kernel_warm_up_is_asked_through_the_gpu_lock(monkeypatch):
     """With warm_harness_kernels, a GPU run-worker's environment names the GPU's lock file (KZ_GPU_LOCK), under which
     it warms its kernels up while idle; off (the default), without a lock file, for compile or CPU workers, it is not
@@ -1134,6 +1185,7 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     monkeypatch.setattr(eh.torch.cuda, "mem_get_info", lambda *args: (free[0], 2**40))
 
     def capture(model, pristine, stream, recompute=True):
+        log.append("capture")
         static = [x.clone() for x in pristine]
         out = model(*static).clone()
 
@@ -1148,7 +1200,8 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     assert rule["graphs"] and rule["adaptive"]   # the defaults
     exclusive, after = lambda: log.append("exclusive"), lambda: log.append("after")  # noqa: E731
     times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
-                            tol=(1e-4, 1e-4), exclusive=exclusive, after=after, **rule)
+                            tol=(1e-4, 1e-4), exclusive=exclusive, after=after,
+                            between=lambda: log.append("between"), **rule)
     assert times["method"] == "graph" and "graph_fallback" not in times and times["ref_intact"]
     assert times["bad_output"] == [False] * hw.SPOT_CHECKS
     i, j = log.index("exclusive"), log.index("after")
@@ -1158,6 +1211,11 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     assert log[i - 1] == "device sync" and log[:i].count("device sync") == 1   # (the warm-up done before the turn)
     assert log[i + 1:j].count("replay") == len(times["ref"]) + len(times["cand"]) >= 2 * eh.DEFAULTS["timing_min_reps"]
     assert log.count("after") == 1 and "replay" not in log[j:] and "record" not in log[j:]
+    # a timer waiting meanwhile may take the GPU between the steps before the turn alone: after the input copies,
+    # between the two captures, after them (before the warm-up reps); never once the timed reps have begun
+    marks = [e for e in log[:i] if e in ("between", "capture", "record")]
+    assert marks[:5] == ["between", "capture", "between", "capture", "between"] and marks[5] == "record", marks
+    assert log.count("between") == 3
 
     first = torch.relu(trials[0]["inputs"][0])   # a candidate whose output is the first set's, whatever its input
     replay = hw._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
@@ -1179,9 +1237,11 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     def refuse(model, pristine, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(hw, "_capture", refuse)
+    del log[:]
     times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
-                            tol=(1e-4, 1e-4), **rule)
+                            tol=(1e-4, 1e-4), between=lambda: log.append("between"), **rule)
     assert times["method"] == "eager" and "not permitted" in times["graph_fallback"]
+    assert log.count("between") == 2 and log.index("between", 1) < log.index("record")   # (before the warm-up)
     assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * hw.SPOT_CHECKS
 
 
