@@ -486,10 +486,11 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     details["mem_wait_s"] when the job waited for memory, and for a job that timed,
     details["exclusive_s"] (seconds it held the GPU alone: every other worker on it waited meanwhile) and
     details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn); details["longest_shared_s"] and
-    details["longest_shared_phase"]: the longest stretch this worker held its shared turn without a message (no
-    chance to give the turn up: a timer waiting for this GPU waits for the slowest such stretch among the holders)."""
+    details["longest_shared_phase"]: the longest stretch this worker held its shared turn without a chance to give
+    it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for the slowest such stretch among
+    the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it ended in a request to time."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
-    longest, last = (0.0, None), time.monotonic()   # (seconds, phase) of the longest stretch; the last message's time
+    longest, offered = (0.0, None), (time.monotonic(), phase)   # the longest stretch; the last chance: when, phase
     alone = {"since": None, "held": 0.0, "waited": 0.0}   # the exclusive turn: when taken, seconds held and waited
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
@@ -532,9 +533,11 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                                "details": {"phase": phase}})
             try:
                 message = worker.conn.recv()
-                if held == "shared" and time.monotonic() - last > longest[0]:   # ("timing": the stretch before a
-                    timing = message[:2] == ("gpu", "exclusive")                 # timer asks for its turn alone)
-                    longest = (time.monotonic() - last, "timing" if timing else phase)
+                offer = message[0] in ("gpu", "timer?", "result")   # (a chance to give the turn up, or the end)
+                if offer and held == "shared" and time.monotonic() - offered[0] > longest[0]:
+                    span = offered[1] if offered[1] == phase else f"{offered[1]}..{phase}"
+                    timing = message[:2] == ("gpu", "exclusive")   # the stretch before a timer asks to time alone
+                    longest = (time.monotonic() - offered[0], "timing" if timing else span)
                 if message[0] == "ready":
                     if known:   # sizes measured already (a shared reference): admitted before it is sent
                         wait = admit(*known)
@@ -582,7 +585,8 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                     worker.conn.send(bool(gate is not None and gate.timer_waiting()))
             elif message[0] == "result":
                 return finish(message[1])
-            last = time.monotonic()
+            if offer:
+                offered = (time.monotonic(), phase)
     finally:
         if gate and held:
             gate.release(held, held_fd)

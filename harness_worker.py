@@ -483,16 +483,19 @@ def _reserve_device_memory(nbytes: int, details: dict) -> None:
     del block
 
 
-def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[list, bool]]:
+def _trial_inputs(ref, opts: dict, details: dict, device=None, between=None) -> list[tuple[list, bool]]:
     """(inputs, heavy) for every trial, made before the reference runs: `trials` draws of get_inputs() and a last,
     heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). `device`: factory calls without an
     explicit device (torch.randn, rand, randint, ...) make their tensors there; None: on the host, which is CPU work,
-    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator."""
+    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator.
+    `between()`, if given, runs before every draw but the first (a waiting timer gets the GPU there)."""
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
     n, out, t = opts["trials"], [], -1
     while t < n:   # (not a range: _cap_trials may lower n after the first draw, and the heavy draw is the last)
         t += 1
         heavy = t == n
+        if t and between is not None:
+            between()
         torch.manual_seed(opts["seed"] + 1 + t)
         try:
             with torch.device(device) if device is not None else contextlib.nullcontext():
@@ -501,7 +504,7 @@ def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[lis
             if device is None or t:
                 raise
             details["inputs_on_device_failed"] = _truncate(_format_exception(e), 300)
-            return _trial_inputs(ref, opts, details)
+            return _trial_inputs(ref, opts, details, between=between)
         inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in inputs]
         if heavy:
             if not any(_is_float(x) for x in inputs):
@@ -643,17 +646,19 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     _ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)
+    # a timer waiting for the GPU gets it between input draws and reference outputs too (as between a candidate's
+    # trials): the GPU's lazy kernel loads and host syncs make each take tens of ms while other workers share it
+    between = (lambda: _yield_turn(conn, device.type)) if turn == "shared" else None
     if on_device or mentions_cuda:
         _gpu_turn(conn, turn)
     init_inputs = ref.get_init_inputs()
-    draws = _trial_inputs(ref, opts, details, device if on_device else None)
+    draws = _trial_inputs(ref, opts, details, device if on_device else None,
+                          between if (on_device or mentions_cuda) else None)   # (host draws: no turn held yet)
     details["ref_inputs_s"] = _since(clock)
     if not (on_device or mentions_cuda):
         _gpu_turn(conn, turn)
     clock = time.monotonic()
     ref_model = _build_model(ref.Model, init_inputs, device, opts)
-    # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
-    between = (lambda: _yield_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
                                        between)
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
@@ -1062,10 +1067,15 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
 
 
 def _build_candidate(ev: _Evaluation) -> dict | None:
-    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here)."""
+    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here). Neither
+    needs the GPU, but the worker holds its shared turn from the reference's stage on: a timer waiting meanwhile gets
+    the GPU before and after them (_yield_turn), not only at the first trial."""
+    offer = (lambda: _yield_turn(ev.conn, ev.device.type)) if ev.turn == "shared" else (lambda: None)
+    offer()
     ev.cand, ev.instr, info = _import_candidate(ev.job, ev.conn.send, ev.details)
     if ev.cand is None:
         return info
+    offer()
     ev.compile_s = info["compile_s"]
     ev.conn.send(("phase", "run"))
     if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)

@@ -773,10 +773,10 @@ def test_harness_exclusive_turn_time_is_reported():
 
 
 def test_harness_longest_shared_stretch_is_reported():
-    """run_job reports the longest stretch a worker held its shared GPU turn without a message to its parent
-    (longest_shared_s: a waiting timer waits for the slowest such stretch among the holders) and what it was doing:
-    its phase, or "timing" for the stretch that ends in its request to time alone; waits and stretches without the
-    turn do not count, and a job that never held the turn reports none."""
+    """run_job reports the longest stretch a worker held its shared GPU turn without a chance to give it up (a turn
+    request or a "timer?"; a phase message is none: longest_shared_s, what a waiting timer waits for) and the phases
+    it spanned, or "timing" for the stretch that ends in its request to time alone; waits and time alone do not
+    count, and a job that never held the turn reports none."""
     gate, limits = hp.Gate(), {"startup": 30.0, "reference": 30.0, "run": 30.0}
 
     def run(script) -> dict:
@@ -791,7 +791,7 @@ def test_harness_longest_shared_stretch_is_reported():
         conn.send(message)
         return conn.recv() if message[0] in ("gpu", "timer?") else None
 
-    def worker(prelude: float, trial: float):
+    def worker(prelude: float, trial: float, tail: float = 0.0):
         def script(conn):
             conn.send(("ready", 0))
             conn.recv()
@@ -807,13 +807,16 @@ def test_harness_longest_shared_stretch_is_reported():
             ask(conn, "gpu", "exclusive")
             time.sleep(0.6)                # alone: not a shared stretch
             ask(conn, "gpu", "shared")
+            time.sleep(tail)               # checks after timing, up to the verdict
             conn.send(("result", {"error_kind": "ok"}))
         return script
 
     details = run(worker(prelude=0.4, trial=0.2))
     assert details["longest_shared_phase"] == "timing" and 0.35 < details["longest_shared_s"] < 0.6, details
-    details = run(worker(prelude=0.1, trial=0.4))
-    assert details["longest_shared_phase"] == "run" and 0.35 < details["longest_shared_s"] < 0.6, details
+    details = run(worker(prelude=0.1, trial=0.4))   # (from the reference's "timer?" on, over the phase message)
+    assert details["longest_shared_phase"] == "reference..run" and 0.35 < details["longest_shared_s"] < 0.6, details
+    details = run(worker(prelude=0.1, trial=0.1, tail=0.45))
+    assert details["longest_shared_phase"] == "run" and 0.4 < details["longest_shared_s"] < 0.65, details
 
     def never(conn):
         conn.send(("ready", 0))
