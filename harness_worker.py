@@ -483,19 +483,16 @@ def _reserve_device_memory(nbytes: int, details: dict) -> None:
     del block
 
 
-def _trial_inputs(ref, opts: dict, details: dict, device=None, between=None) -> list[tuple[list, bool]]:
+def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[list, bool]]:
     """(inputs, heavy) for every trial, made before the reference runs: `trials` draws of get_inputs() and a last,
     heavy-tailed one (floating inputs times a log-normal factor, pitfall #9). `device`: factory calls without an
     explicit device (torch.randn, rand, randint, ...) make their tensors there; None: on the host, which is CPU work,
-    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator.
-    `between()`, if given, runs before every draw but the first (a waiting timer gets the GPU there)."""
+    hence made before the worker takes its GPU turn (_reference). manual_seed seeds every device's generator."""
     dtype = getattr(torch, opts["dtype"]) if opts["dtype"] else None
     n, out, t = opts["trials"], [], -1
     while t < n:   # (not a range: _cap_trials may lower n after the first draw, and the heavy draw is the last)
         t += 1
         heavy = t == n
-        if t and between is not None:
-            between()
         torch.manual_seed(opts["seed"] + 1 + t)
         try:
             with torch.device(device) if device is not None else contextlib.nullcontext():
@@ -504,7 +501,7 @@ def _trial_inputs(ref, opts: dict, details: dict, device=None, between=None) -> 
             if device is None or t:
                 raise
             details["inputs_on_device_failed"] = _truncate(_format_exception(e), 300)
-            return _trial_inputs(ref, opts, details, between=between)
+            return _trial_inputs(ref, opts, details)
         inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in inputs]
         if heavy:
             if not any(_is_float(x) for x in inputs):
@@ -589,8 +586,8 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     whether the reference mutates its inputs). Outputs kept on the GPU get a fingerprint (trial["fp"]): a
     candidate's kernel can write to any device address in its process (an out-of-bounds store finds the caching
     allocator's other blocks), so _outputs_intact checks them before a verdict stands; rewriting stored inputs only
-    makes the candidate's own outputs disagree. `between()`, if given, runs before every draw (a waiting timer gets
-    the GPU there, not after the reference's model build, input draws and all its outputs)."""
+    makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
+    waiting timer gets the GPU there)."""
     key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
     trials, pending = [], []   # pending: (trial, its fingerprint sums still on the device)
     # read at the end with the fingerprints, in one host read: inputs the reference left as they were, and whether
@@ -600,7 +597,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     for i, (inputs, heavy) in enumerate(draws):
         if not heavy and len(trials) >= allowed:
             continue
-        if between is not None:
+        if i and between is not None:
             between()
         args = _to_device(inputs, device)
         with torch.no_grad():
@@ -646,19 +643,17 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     _ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)
-    # a timer waiting for the GPU gets it between input draws and reference outputs too (as between a candidate's
-    # trials): the GPU's lazy kernel loads and host syncs make each take tens of ms while other workers share it
-    between = (lambda: _yield_turn(conn, device.type)) if turn == "shared" else None
     if on_device or mentions_cuda:
         _gpu_turn(conn, turn)
     init_inputs = ref.get_init_inputs()
-    draws = _trial_inputs(ref, opts, details, device if on_device else None,
-                          between if (on_device or mentions_cuda) else None)   # (host draws: no turn held yet)
+    draws = _trial_inputs(ref, opts, details, device if on_device else None)
     details["ref_inputs_s"] = _since(clock)
     if not (on_device or mentions_cuda):
         _gpu_turn(conn, turn)
     clock = time.monotonic()
     ref_model = _build_model(ref.Model, init_inputs, device, opts)
+    # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
+    between = (lambda: _yield_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
                                        between)
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
@@ -817,7 +812,7 @@ class _Instrumentation:
             self.turn = conn
 
     def yield_turn(self) -> None:
-        """Before each correctness trial: a timer waiting for this GPU gets it now, not after this candidate's
+        """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
         whole check (_yield_turn)."""
         if self.turn is not None:
             _yield_turn(self.turn, self.device)
@@ -1067,15 +1062,10 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
 
 
 def _build_candidate(ev: _Evaluation) -> dict | None:
-    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here). Neither
-    needs the GPU, but the worker holds its shared turn from the reference's stage on: a timer waiting meanwhile gets
-    the GPU before and after them (_yield_turn), not only at the first trial."""
-    offer = (lambda: _yield_turn(ev.conn, ev.device.type)) if ev.turn == "shared" else (lambda: None)
-    offer()
+    """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here)."""
     ev.cand, ev.instr, info = _import_candidate(ev.job, ev.conn.send, ev.details)
     if ev.cand is None:
         return info
-    offer()
     ev.compile_s = info["compile_s"]
     ev.conn.send(("phase", "run"))
     if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
@@ -1216,7 +1206,8 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
     try:
         ev.cand_model = _build_model(ev.cand.ModelNew, ev.init_inputs, device, ev.opts)
         for t, trial in enumerate(trials):
-            instr.yield_turn()   # (before the first trial too: the model's build may have taken a while)
+            if t:
+                instr.yield_turn()
             # the stored inputs themselves where they are on the GPU already (the candidate gets copies, args; a
             # kernel that rewrites a stored input anyway only makes its own outputs disagree), a 6.4 GB copy fewer
             pristine = _to_device(trial["inputs"], device, copy=False)
@@ -1337,12 +1328,12 @@ def _capture(model, pristine: list, stream) -> tuple:
     return graph, static, out
 
 
-def _graph_runners(models: dict, sets: list, tol: tuple, device, between=None) -> tuple[dict | None, str | None]:
+def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict | None, str | None]:
     """({name: (graph, static_args, static_out)}, None) when every model's forward captures as a CUDA graph whose
     replays reproduce the reference outputs of every input set; else (None, why not): then all of them are timed
     eagerly, so that reference and candidate are always measured the same way. `tol`: (atol, rtol); (0, 0) takes
     the output dtype's TOLERANCES entry (a replay of the reference runs its own kernels again, cuBLAS may pick
-    another algorithm under capture). `between()`, if given, runs between two models' captures (_time_models)."""
+    another algorithm under capture)."""
     runners = {}
     tol = tol if any(tol) else _tolerance(sets[0][1], {"atol": None, "rtol": None})
     need = len(models) * (_nbytes(sets[0][0]) + _nbytes(_tensors(sets[0][1])))   # captured inputs and outputs
@@ -1351,9 +1342,7 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device, between=None) -
         if need > 0.8 * torch.cuda.mem_get_info(device)[0]:
             return None, f"the graphs' copies ({need / 2**30:.1f} GB) do not fit in free GPU memory"
         stream = torch.cuda.Stream(device)
-        for i, (name, model) in enumerate(models.items()):
-            if i and between is not None:
-                between()
+        for name, model in models.items():
             runners[name] = _capture(model, sets[0][0], stream)
         replays = []   # (name, its output's numbers on the device): all read at once below (a host read under
         for name, (graph, static, out) in runners.items():   # the shared turn waits for the other workers' slices)
@@ -1411,7 +1400,7 @@ def _timing_rule(opts: dict) -> dict:
 
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
-                 headroom_us: float = 0, graphs: bool = False, exclusive=None, after=None, between=None) -> dict:
+                 headroom_us: float = 0, graphs: bool = False, exclusive=None, after=None) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
     Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
     outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
@@ -1423,9 +1412,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
     warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that. `after()`, if
     given, is called once the timed reps are done: the caller gives the GPU back to the others there (the checks
-    that follow need no quiet GPU). `between()`, if given, is called between the steps before that (input copies,
-    each model's capture, warm-up): a worker holding a shared turn gives it up there if a timer waits, so that the
-    timer waits for one step, not for this worker's whole preparation (tens of ms per capture on a shared GPU)."""
+    that follow need no quiet GPU)."""
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
     # alternate values between reps. A trial kept on the GPU is used as it is (the models only ever get copies of its
     # inputs, and its fingerprinted outputs are the caller's to check: a 6.4 GB task holds no second copy); a
@@ -1434,10 +1421,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     # host's
     sets = [([x.to(device) if isinstance(x, torch.Tensor) else x for x in tr["inputs"]],
              tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
-    between = between or (lambda: None)
-    between()
-    runners, why_not = _graph_runners(models, sets, tol, device, between) if graphs else (None, None)
-    between()
+    runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep_cycles = 0
     if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
@@ -1531,10 +1515,9 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     # them shared again (a job that holds the GPU alone throughout, a rerun after an out-of-memory, keeps it)
     alone = (lambda: _gpu_turn(conn, "exclusive"))
     shared = (lambda: _gpu_turn(conn, "shared")) if ev.turn == "shared" else None
-    between = (lambda: _yield_turn(conn, device.type)) if ev.turn == "shared" else None
     try:
         times = _time_models({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
-                             checked="cand", tol=(ev.atol, ev.rtol), exclusive=alone, after=shared, between=between,
+                             checked="cand", tol=(ev.atol, ev.rtol), exclusive=alone, after=shared,
                              **_timing_rule(opts))
     except Exception as e:
         return ev.failed(_classify(e), _format_exception(e))
