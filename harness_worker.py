@@ -58,7 +58,7 @@ def _zygote_imports() -> None:
     touch the CUDA driver or start a thread (tests/harness_throughput.py checks both)."""
     import torch.utils._python_dispatch  # noqa: F401  (the op recorder's base class)
     with torch.device("meta"):   # the first meta tensor imports torch's meta kernels (seconds), which a worker
-        (torch.randn(2) * 2).sum()   # would otherwise pay in _input_bytes_on_meta while it holds its GPU slot
+        (torch.randn(2) * 2).sum()   # would otherwise pay in _trial_bytes_on_meta while it holds its GPU slot
     # (Not torch.utils.cpp_extension: importing it asks the CUDA driver for its devices, and torch then refuses CUDA
     # in every forked child, "Cannot re-initialize CUDA in forked subprocess".)
     if os.environ["KZ_BACKEND"] == "cuda" and os.environ["KZ_DEVICE"] == "cuda":
@@ -442,20 +442,31 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 # Stage 1: the reference's trials (inputs and outputs), made before the candidate exists
 
-def _input_bytes_on_meta(ref, opts: dict) -> int | None:
-    """Bytes of one trial's inputs, from get_inputs() run on the meta device (no data is made); None if it cannot
-    run there (e.g. it calls .cuda() or names a device)."""
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+def _trial_bytes_on_meta(ref, opts: dict) -> tuple[int | None, int | None]:
+    """Bytes of one trial's (inputs, outputs), from get_inputs() and the reference's forward run on the meta device
+    (shapes and dtypes only: no data is made, nothing is computed). Inputs None if get_inputs() cannot run there (it
+    calls .cuda() or names a device); outputs None if the forward cannot (an op without a meta kernel, a value read
+    on the host): memory_need then takes them as large as the inputs. A reduction's outputs are far smaller (a 256
+    MB task's estimate halves), an upsampling's larger (an estimate below the peak costs an out-of-memory rerun)."""
+    size = 2 if opts["dtype"] in ("float16", "bfloat16") else None
+
+    def nbytes(xs) -> int:
+        return sum(x.numel() * (size if size and x.is_floating_point() else x.element_size()) for x in xs)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
             inputs = list(ref.get_inputs())
-        if not all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)):
-            return None
-        size = 2 if opts["dtype"] in ("float16", "bfloat16") else None
-        return sum(x.numel() * (size if size and x.is_floating_point() else x.element_size())
-                   for x in inputs if isinstance(x, torch.Tensor))
-    except Exception:
-        return None
+            if not all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)):
+                return None, None
+        except Exception:
+            return None, None
+        try:
+            with torch.no_grad():
+                outputs = _tensors(ref.Model(*ref.get_init_inputs())(*inputs))
+            per_output = nbytes(outputs) if outputs and all(x.is_meta for x in outputs) else None
+        except Exception:
+            per_output = None
+    return nbytes(x for x in inputs if isinstance(x, torch.Tensor)), per_output
 
 
 def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
@@ -638,8 +649,8 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     clock = time.monotonic()
     ref = _load_module(job["ref_src"], "kz_reference")
     del sys.modules["kz_reference"]   # the candidate cannot find it by name
-    per_input = None if mentions_cuda else _input_bytes_on_meta(ref, opts)   # (meta: no device may be named)
-    host_bytes, device_bytes = memory_need(per_input, per_input, opts, device.type, on_device)
+    per_input, per_output = (None, None) if mentions_cuda else _trial_bytes_on_meta(ref, opts)   # (meta: no device
+    host_bytes, device_bytes = memory_need(per_input, per_output, opts, device.type, on_device)  # may be named)
     _ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)

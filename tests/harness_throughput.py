@@ -149,16 +149,39 @@ def test_harness_memory_budget_serialises_evaluations_and_says_so():
 
 
 def test_harness_memory_estimate_from_meta_inputs():
-    """A worker estimates a task's bytes from get_inputs() on the meta device, before any data exists."""
-    class Ref:
-        @staticmethod
-        def get_inputs():
-            import torch
-            return [torch.randn(4096, 393216), 3]   # 6.4 GB, never allocated
-    per_input = hw._input_bytes_on_meta(Ref, eh.DEFAULTS)
-    assert per_input == 4096 * 393216 * 4
-    host, device = hp.memory_need(per_input, per_input, eh.DEFAULTS, "cuda")
+    """A worker estimates a task's bytes from get_inputs() and the reference's forward on the meta device, before
+    any data exists: a reduction's outputs are small, an upsampling's large; where the forward cannot run there (a
+    value read on the host) the outputs are taken as large as the inputs, as where no outputs are known at all."""
+    torch = eh.torch
+
+    def task(forward, scale: int = 1):
+        class Ref:
+            class Model(torch.nn.Module):
+                def __init__(self, k):
+                    super().__init__()
+                    self.k = k
+
+                def forward(self, x, n):
+                    return forward(self, x, n)
+
+            @staticmethod
+            def get_init_inputs():
+                return [2]
+
+            @staticmethod
+            def get_inputs():
+                return [torch.randn(4096, 393216 // scale), 3]   # 6.4 GB, never allocated
+        return Ref
+    big = 4096 * 393216 * 4
+    per_input, per_output = hw._trial_bytes_on_meta(task(lambda m, x, n: x.sum(dim=1) * m.k), eh.DEFAULTS)
+    assert (per_input, per_output) == (big, 4096 * 4)
+    assert hw._trial_bytes_on_meta(task(lambda m, x, n: x.repeat(1, n), 4), eh.DEFAULTS) == (big // 4, 3 * big // 4)
+    assert hw._trial_bytes_on_meta(task(lambda m, x, n: x * x.sum().item()), eh.DEFAULTS) == (big, None)
+    half = dict(eh.DEFAULTS, dtype="bfloat16")   # (the harness's dtype option: floating tensors at 2 bytes)
+    assert hw._trial_bytes_on_meta(task(lambda m, x, n: x.sum(dim=1)), half) == (big // 2, 4096 * 2)
+    host, device = hp.memory_need(per_input, None, eh.DEFAULTS, "cuda")
     assert host >= 4 * per_input and device >= 4 * per_input   # one trial + the heavy one, inputs and outputs
+    assert sum(hp.memory_need(per_input, per_output, eh.DEFAULTS, "cuda")) < 0.7 * (host + device)
 
 
 def test_harness_loud_candidate_keeps_its_verdict_and_the_tail_of_its_output():
