@@ -1001,6 +1001,7 @@ def bench_round(cfg: Config, tag: str) -> None:
                          "longest_shared": [[r.details.get("longest_shared_s"), r.details.get("longest_shared_phase")]
                                             for r in results],
                          "exclusive_wait_s": [r.details.get("exclusive_wait_s") for r in results],
+                         "reruns_alone": sum(bool(r.details.get("rerun_alone")) for r in results),   # (out of memory)
                          "slot_occupancy": slot_occupancy([r.details for r in results],
                                                           opts.get("gpu_workers", cfg.gpu_workers), map_s),
                          "gate_closed_frac": None if closed is None else round((closed - closed0) / map_s, 3)}
