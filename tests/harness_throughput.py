@@ -752,6 +752,16 @@ class _ScriptedWorker:
         self.conn.close()
 
 
+def _scripted_details(script, gate, limits: dict) -> dict:
+    """run_job's details for one job whose worker side `script(conn)` plays, through `gate`."""
+    worker, box = _ScriptedWorker(), {}
+    thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits, gate)))
+    thread.start()
+    script(worker.other)
+    thread.join(30)
+    return box["r"]["details"]
+
+
 def test_harness_exclusive_turn_time_is_reported():
     """run_job reports how long a job held the GPU alone (exclusive_s: every other worker on the GPU waits that long)
     and how long it waited for that turn (exclusive_wait_s, part of gpu_wait_s), counted until it asks for another
@@ -759,12 +769,7 @@ def test_harness_exclusive_turn_time_is_reported():
     gate, limits = hp.Gate(), {"startup": 30.0, "run": 30.0}
 
     def run(script) -> dict:
-        worker, box = _ScriptedWorker(), {}
-        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits, gate)))
-        thread.start()
-        script(worker.other)
-        thread.join(30)
-        return box["r"]["details"]
+        return _scripted_details(script, gate, limits)
 
     def timer(conn):
         conn.send(("ready", 0))
@@ -803,12 +808,7 @@ def test_harness_longest_shared_stretch_is_reported():
     gate, limits = hp.Gate(), {"startup": 30.0, "reference": 30.0, "run": 30.0}
 
     def run(script) -> dict:
-        worker, box = _ScriptedWorker(), {}
-        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits, gate)))
-        thread.start()
-        script(worker.other)
-        thread.join(30)
-        return box["r"]["details"]
+        return _scripted_details(script, gate, limits)
 
     def ask(conn, *message):
         conn.send(message)
