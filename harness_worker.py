@@ -649,8 +649,9 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     clock = time.monotonic()
     ref = _load_module(job["ref_src"], "kz_reference")
     del sys.modules["kz_reference"]   # the candidate cannot find it by name
-    per_input, per_output = (None, None) if mentions_cuda else _trial_bytes_on_meta(ref, opts)   # (meta: no device
-    host_bytes, device_bytes = memory_need(per_input, per_output, opts, device.type, on_device)  # may be named)
+    # (not on meta where the reference names a device: it may put its tensors there itself)
+    per_input, per_output = (None, None) if mentions_cuda else _trial_bytes_on_meta(ref, opts)
+    host_bytes, device_bytes = memory_need(per_input, per_output, opts, device.type, on_device)
     _ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)
