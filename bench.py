@@ -133,8 +133,8 @@ class Config:
     round_answers: str = ""          # (e) eval JSONs (kernelzero.py eval, bench.py models), comma-separated: a
     #                                  model's failing answers to a task replace its synthetic wrong and failing
     #                                  candidates (a real mix of errors), where the files have some
-    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and its harness_worker.py
-    #                                  and harness_processes.py where it has them, and cuda_ext/) to run on
+    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and the other harness_*.py
+    #                                  files and static_checks.py it has, and cuda_ext/) to run on
     #                                  the same batch in the same call; "" : the current harness with share_reference
     #                                  off and the fixed timing budget stands in for it; "none": no baseline run
     round_baseline_first: bool = False  # (e) run the baseline before the variants (run a round both ways to see
@@ -823,8 +823,8 @@ def _round_agreement(a: dict, b: dict) -> dict:
 
 def print_profile(directory: str, name: str, top: int = 30) -> None:
     """The workers' cProfile files of one run merged: the functions with the most own time and their callers, then
-    the harness's own functions (and imports) by the time below them (waits for the GPU turn: _gpu_turn,
-    _pass_turn)."""
+    the harness's own functions (and imports) by the time below them (waits for the GPU turn: gpu_turn,
+    pass_turn)."""
     import pstats
     files = sorted(glob.glob(os.path.join(directory, "*.prof")))
     if not files:
@@ -836,7 +836,7 @@ def print_profile(directory: str, name: str, top: int = 30) -> None:
     print(f"\n{name}: {len(files)} worker jobs profiled, merged into {merged}")
     stats.sort_stats("tottime").print_stats(top)
     stats.print_callers(12)   # who calls the top ones (a C builtin's own time is often a host sync or an import)
-    stats.sort_stats("cumulative").print_stats(r"harness_worker\.py|eval_harness\.py|_bootstrap>.*_find_and_load\b",
+    stats.sort_stats("cumulative").print_stats(r"harness_\w+\.py|eval_harness\.py|_bootstrap>.*_find_and_load\b",
                                                top)
 
 

@@ -13,10 +13,13 @@ The harness's files, split where a reader would look
   and memory admission, running one job under its time limits, the shared reference's sealed file.
   harness_worker.py is everything that runs inside a worker process: start-up (zygote, worker, warm-up), the five
   stages of a candidate's evaluation (reference trials, instrumentation and import, correctness, kernel coverage,
-  timing), the shared reference's worker side, and the compile and lint jobs. It imports this module (options,
-  tolerances, _truncate, _format_exception) and harness_processes; neither imports it (only the zygotes do, through
-  harness_processes.BOOT), so there is no import cycle and the caller's process never loads the worker's code. The
-  pitfall checks below are implemented there unless they say "static check" (static_checks.py).
+  timing), the shared reference's worker side, and the compile and lint jobs. The stages' mechanisms are files of
+  their own: harness_compare.py (outputs, inputs, fingerprints), harness_instrumentation.py (op recorder, launch
+  counter, allocator poison, identity snapshot) and harness_timing.py (the timing rule). The worker side imports
+  this module (options, tolerances, _truncate, _format_exception) and harness_processes; neither imports it (only
+  the zygotes do, through harness_processes.BOOT), so there is no import cycle and the caller's process never loads
+  the worker's code. The pitfall checks below are implemented there unless they say "static check"
+  (static_checks.py).
 
 What the process isolation protects, and what it does not
   Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
@@ -35,7 +38,7 @@ What the process isolation protects, and what it does not
    3 side streams: a device-wide synchronize before the end event
    4 threads: static check and thread count
    5 lazy tensors: outputs must be plain torch.Tensor with real storage
-   6 monkey-patching torch, timers or the harness (both files): identity snapshot, separate processes
+   6 monkey-patching torch, timers or the harness (any of its modules): identity snapshot, separate processes
    7 result caching by data_ptr/id: fresh inputs per trial
    8 degenerate tasks: the task linter
    9 analytic shortcuts: a heavy-tailed extra trial
@@ -51,8 +54,9 @@ What the process isolation protects, and what it does not
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's
      source names: torch and torch.nn.functional functions, Tensor methods and operators, nn classes' own methods,
-     and all of torch.nn.functional (_reference_reaches). Not covered: a torch function reached only inside another
-     torch Python function. Closing that too: time the reference before the candidate exists.
+     and all of torch.nn.functional (harness_instrumentation._reference_reaches). Not covered: a torch function
+     reached only inside another torch Python function. Closing that too: time the reference before the candidate
+     exists.
 
 How it departs from KernelBench's own eval (src/eval.py)
   1. One fresh process per candidate, separate compile and run timeouts (KernelBench runs in the caller's process).
@@ -79,9 +83,9 @@ Decisions worth knowing (each has a test; README, "The evaluation harness", has 
 inputs on the GPU, deduplication and timing in full)
   - Verdict order: harness integrity (patched references, threads, input mutation) > runtime error > wrong output
     (mismatch) > own kernels not launched > PyTorch fallback. `correct` is exactly error_kind == "ok".
-  - The PyTorch-fallback rule is strict: any aten op in forward outside _GLUE_OPS (allocation, views, copies,
-    casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count too. Ops run by Triton itself
-    (launcher, interpreter, autotuner) are not recorded.
+  - The PyTorch-fallback rule is strict: any aten op in forward outside harness_instrumentation._GLUE_OPS
+    (allocation, views, copies, casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count
+    too. Ops run by Triton itself (launcher, interpreter, autotuner) are not recorded.
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
   - Zygotes are started with subprocess.Popen, not multiprocessing: the environment (TRITON_INTERPRET,
     CUDA_VISIBLE_DEVICES) is set before anything is imported, and the caller's __main__ is not re-imported. A

@@ -10,6 +10,8 @@ what runs inside a worker. This file is the machinery between them, in the order
     more evaluations at once than memory holds.
   - run_job: sends one job and waits for its result, with a time limit per phase that excludes the waits for the GPU
     and for memory.
+  - gpu_turn, pass_turn, yield_turn, ask_memory: the other end of run_job, called inside a worker (its requests for
+    the GPU turn and for memory).
   - recv_raw, sealed_file: a shared reference's trials, received raw and kept in a sealed anonymous memory file that
     every candidate of the task reads its own copy from.
 
@@ -22,9 +24,9 @@ How it departs from the usual process pool (concurrent.futures, multiprocessing.
   3. Time limits are per phase (start-up, reference, compile, run), and waiting for the GPU turn or for memory counts
      against none of them.
 
-This module imports neither eval_harness nor harness_worker (the zygote imports the worker side through BOOT), and
-both import it. It runs in a worker's process too (harness_worker uses memory_need), so to a candidate it is part of
-the harness: static_checks bans importing it, and the worker's identity snapshot covers its functions.
+This module imports neither eval_harness nor the worker side (the zygote imports harness_worker through BOOT), and
+both import it. It runs in a worker's process too (memory_need, lock_file, the requests above), so to a candidate it
+is part of the harness: static_checks bans importing it, and the worker's identity snapshot covers its functions.
 """
 from __future__ import annotations
 import collections
@@ -594,6 +596,40 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
         worker.kill(wait=False)   # (the result is in: nothing more is read from the worker)
         if memory is not None and granted is not None:
             release_when_gone(memory, granted, worker.pid)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running one job (worker side): the requests run_job answers, made from inside the worker
+
+def gpu_turn(conn: Connection, mode: str) -> None:
+    """Ask the parent for this worker's GPU, "shared" (correctness checks) or "exclusive" (timing), and wait until it
+    is granted (see Gate). Asked in CPU mode too, where it is granted at once."""
+    conn.send(("gpu", mode))
+    conn.recv()
+
+
+def pass_turn(conn: Connection, device: str, mode: str = "shared") -> None:
+    """Give this worker's shared GPU turn back (its kernels finished first) and ask for `mode` again ("none": not at
+    all): a timer waiting for the GPU gets it in between (the writer-preferring Gate)."""
+    if device == "cuda":
+        torch.cuda.synchronize()   # our kernels finish before another worker may time
+    gpu_turn(conn, mode)
+
+
+def yield_turn(conn: Connection, device: str) -> None:
+    """Between two trials (or reference outputs): give the shared GPU turn back if a timer waits for the GPU, so that
+    it waits for one trial of each holder, not for their whole checks. The parent knows whether one waits (Gate.
+    timer_waiting); most of the time none does, and then the turn is kept, without the host sync a pass needs."""
+    conn.send(("timer?",))
+    if conn.recv():
+        pass_turn(conn, device)
+
+
+def ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
+    """Wait until the parent admits this job's memory (Memory, through run_job); granted at once without a budget."""
+    details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
+    conn.send(("mem", host, device))
+    conn.recv()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

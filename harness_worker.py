@@ -2,33 +2,39 @@
 
 Nothing here runs in the caller's process. The zygote (harness_processes.Zygote, booted by harness_processes.BOOT)
 imports this module once and calls _zygote_main; every worker is forked from that zygote, runs _worker_main and
-exactly one job, and is killed with its process group: "evaluate" (one candidate: the reference's trials, the
-instrumentation and the candidate's import, correctness trials, kernel coverage, timing; _job_evaluate), "reference"
-(a task's trials for its candidates to share), "compile" (GPU mode's CPU stage) and "lint" (the task quality rules).
-The parent side is eval_harness.py (verdicts, the public API, and the pitfalls table that the checks here implement,
-in its docstring) and harness_processes.py (pools, the GPU gate, memory admission, time limits).
+exactly one job, and is killed with its process group: "evaluate" (one candidate in five stages, _job_evaluate: the
+reference's trials, the instrumentation and the candidate's import, correctness trials, kernel coverage, timing),
+"reference" (a task's trials for its candidates to share), "compile" (GPU mode's CPU stage) and "lint" (the task
+quality rules). The parent side is eval_harness.py (verdicts, the public API, and the pitfalls table that the checks
+here implement, in its docstring) and harness_processes.py (pools, the GPU gate, memory admission, time limits).
 
-Import direction: this module imports eval_harness (the options and tolerances it applies, _truncate,
-_format_exception) and harness_processes (memory_need, lock_file); neither imports this module, harness_processes
-only names it in its zygote's boot string. So there is no import cycle, the caller's process never loads the worker's
-code, and a baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's
-workers.
+The worker side in four files, this one the stages and the jobs; the mechanisms they use, each one read on its own:
+  harness_compare.py          outputs against the reference's, inputs against their copies, the fingerprints of the
+                              reference outputs kept on the GPU; few host reads
+  harness_instrumentation.py  what is installed before the candidate's import and verified after every phase: the op
+                              recorder, the launch counter, the allocator poison, the identity snapshot
+  harness_timing.py           the timing rule: CUDA graphs, interleaved reps, L2 flush, adaptive rep count
 
-A candidate runs in this module's process, so all three modules are the harness to it: the static check bans
-importing any of them and assigning into it (BANNED_IMPORTS, PROTECTED_ROOTS in static_checks.py), and
-_harness_snapshot covers the functions of all three (_HARNESS_MODULES), checked after every candidate phase
+Import direction: the worker side imports eval_harness (the options and tolerances it applies, _truncate,
+_format_exception) and harness_processes (memory_need, lock_file, and the worker's end of run_job's requests:
+gpu_turn, pass_turn, yield_turn, ask_memory); neither imports it, harness_processes only names this module in its
+zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
+baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
+
+A candidate runs in this process, so every one of these modules is the harness to it: the static check bans
+importing any of them and assigning into it (static_checks.HARNESS_MODULES), and the identity snapshot covers the
+functions of all of them (harness_instrumentation._harness_snapshot), checked after every candidate phase
 (pitfall 6).
+
+Nothing to run here: eval_harness.py's API and CLI start the workers (README, "The evaluation harness").
 """
 from __future__ import annotations
-import ast
 import collections
 import contextlib
 import importlib.util
-import inspect
 import multiprocessing
 import multiprocessing.reduction
 import os
-import random
 import re
 import signal
 import sys
@@ -41,17 +47,17 @@ from multiprocessing.connection import Connection
 
 import torch
 
-import eval_harness
 from eval_harness import DEFAULTS, TOLERANCES, _format_exception, _truncate
-import harness_processes
-from harness_processes import lock_file, memory_need
-
-# The modules whose code runs in a worker once a candidate is imported: _harness_snapshot keeps their functions
-_HARNESS_MODULES = (eval_harness, harness_processes, sys.modules[__name__])
+from harness_compare import (_compare, _copy_out, _fingerprint_sums, _heavy_tol, _host_ints, _is_float, _nbytes,
+                             _outputs_intact, _same, _tensors, _to_device, _tolerance, _unchanged,
+                             _within_kernels_reach)
+from harness_instrumentation import _Instrumentation
+from harness_processes import ask_memory, gpu_turn, lock_file, memory_need, yield_turn
+from harness_timing import _median, _median_ci_width, _time_models, _timing_rule
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Inside the worker: start-up (zygote, worker, warm-up) and the GPU turn
+# Inside the worker: start-up (zygote, worker, warm-up)
 
 def _zygote_imports() -> None:
     """What a zygote does once for all its workers: the imports and first uses that cost seconds. Nothing here may
@@ -272,29 +278,8 @@ def _die_with_parent(parent: int) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-def _gpu_turn(conn: Connection, mode: str) -> None:
-    """Ask the parent for this worker's GPU, "shared" (correctness checks) or "exclusive" (timing), and wait until it
-    is granted (see harness_processes.Gate). Asked in CPU mode too, where it is granted at once."""
-    conn.send(("gpu", mode))
-    conn.recv()
-
-
-def _pass_turn(conn: Connection, device: str, mode: str = "shared") -> None:
-    """Give this worker's shared GPU turn back (its kernels finished first) and ask for `mode` again ("none": not at
-    all): a timer waiting for the GPU gets it in between (writer-preferring harness_processes.Gate)."""
-    if device == "cuda":
-        torch.cuda.synchronize()   # our kernels finish before another worker may time
-    _gpu_turn(conn, mode)
-
-
-def _yield_turn(conn: Connection, device: str) -> None:
-    """Between two trials (or reference outputs): give the shared GPU turn back if a timer waits for the GPU, so that
-    it waits for one trial of each holder, not for their whole checks. The parent knows whether one waits (Gate.
-    timer_waiting); most of the time none does, and then the turn is kept, without the host sync a pass needs."""
-    conn.send(("timer?",))
-    if conn.recv():
-        _pass_turn(conn, device)
-
+# ---------------------------------------------------------------------------------------------------------------------
+# Inside the worker: verdicts, and a task or a candidate loaded as a module
 
 _CUDA_FATAL = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
                          r"CUBLAS_STATUS|misaligned address|cudaErrorLaunch")
@@ -316,66 +301,6 @@ def _fail(kind: str, error: str, details: dict, check: str | None = None, **fiel
 def _since(clock: float) -> float:
     """Seconds since `clock` (time.monotonic()), for the per-stage times in details (ref_inputs_s, timing_s, ...)."""
     return round(time.monotonic() - clock, 3)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Inside the worker: small tensor helpers
-
-def _is_float(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_floating_point()
-
-
-def _tensors(out) -> list:
-    return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
-
-
-def _to_device(xs: list, device, copy: bool = True) -> list:
-    return [x.to(device, copy=copy) if isinstance(x, torch.Tensor) else x for x in xs]
-
-
-def _nbytes(xs) -> int:
-    return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A host copy of t. From the GPU into page-locked memory when it is at most 1 GB: an order of magnitude faster
-    than pageable memory, and a task's trials copy their outputs per candidate."""
-    t = t.detach()
-    if t.is_cuda and t.nbytes <= 2**30:
-        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
-    return t.to("cpu", copy=True)
-
-
-def _copy_out(out, where="cpu"):
-    """A detached copy of a model's output (a tensor or a tuple/list of tensors) on `where`: the host (page-locked,
-    _host_copy) or a device."""
-    copy = _host_copy if str(where) == "cpu" else (lambda t: t.detach().to(where, copy=True))
-    if isinstance(out, torch.Tensor):
-        return copy(out)
-    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
-        return type(out)(copy(t) for t in out)
-    raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
-
-
-def _unchanged(a, b, device) -> torch.Tensor:
-    """Whether b equals a, element for element with NaN equal to NaN (inputs before and after a call), as a 0-dim
-    bool tensor on `device`, not read yet, so that a caller reads many with one host read (_host_ints). Values that
-    are not tensors, and tensors of another shape or dtype, get theirs by a fill (no host-to-device copy)."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        same = not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and bool(a == b)
-        return torch.full((), same, dtype=torch.bool, device=device)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return torch.full((), False, dtype=torch.bool, device=device)
-    b = b.to(a.device)
-    equal = a == b
-    if a.is_floating_point() or a.is_complex():
-        equal |= a.isnan() & b.isnan()
-    return equal.all().to(device)
-
-
-def _same(a, b) -> bool:
-    """_unchanged, read at once."""
-    return bool(_unchanged(a, b, a.device if isinstance(a, torch.Tensor) else "cpu"))
 
 
 def _load_module(src: str, name: str):
@@ -469,13 +394,6 @@ def _trial_bytes_on_meta(ref, opts: dict) -> tuple[int | None, int | None]:
     return nbytes(x for x in inputs if isinstance(x, torch.Tensor)), per_output
 
 
-def _ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
-    """Wait until the parent admits this job's memory (harness_processes.Memory); granted at once without a budget."""
-    details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
-    conn.send(("mem", host, device))
-    conn.recv()
-
-
 # A round's tasks fit (256 MB inputs); beyond it a task's kernels take long enough that an allocation's cost is
 # noise, and the poison fills what is reserved before every call
 _RESERVE_CAP = 2**30
@@ -530,63 +448,6 @@ def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
         n = max(1, fit)
         details["trials_capped"] = n
     return n
-
-
-# words per step: bounds the int64 temporaries (~50 MB) of a multi-GB output, and keeps a step's weights, a * index
-# + b for index < 2^21 with a, b < 2^31, under 2^53: exact even where arange sizes its output in double precision
-_FINGERPRINT_CHUNK = 2**21
-_FINGERPRINT_PRIME = 2**31 - 1
-
-
-def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
-    """A keyed checksum of each tensor's bytes, computed where it lives: sum over words w_i of w_i * ((a*i + b) mod p)
-    in wrapping int64 arithmetic (order-independent, so deterministic on the GPU), a and b drawn from `key`. Changing
-    any word changes it unless the change was made to cancel out under weights the candidate does not know. The
-    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a device copy of a
-    large output is far cheaper than a page-locked host copy per trial."""
-    a, b = key % (_FINGERPRINT_PRIME - 1) + 1, (key >> 32) % _FINGERPRINT_PRIME
-    sums = []
-    for t in _tensors(out):
-        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
-        total = torch.zeros((), dtype=torch.int64, device=t.device)
-        for i in range(0, words.numel(), _FINGERPRINT_CHUNK):
-            w = words[i:i + _FINGERPRINT_CHUNK]
-            # (a*index + b) mod p for this step's indices i + j: that is (c + a*j) mod p with c = (a*i + b) mod p,
-            # so one arange and one mod in place (arange, *, + and % took four passes over int64 memory)
-            c = (a * i + b) % _FINGERPRINT_PRIME
-            weight = torch.arange(c, c + a * w.numel(), a, dtype=torch.int64, device=t.device)
-            # the words widen to int64 inside the multiply (type promotion), with no int64 copy of them first
-            total += torch.mul(w, weight.remainder_(_FINGERPRINT_PRIME)).sum()
-        sums.append(total)   # (left on the device: the caller reads many at once, _host_ints)
-    return sums
-
-
-def _host_ints(scalars: list[torch.Tensor]) -> list[int]:
-    """0-dim tensors of one device (int64 sums, booleans) to Python ints with one host read: on a GPU that other
-    worker processes share, every read waits for their time slices (~1 ms each with 8 of them busy), and a candidate
-    would otherwise make dozens."""
-    return torch.stack([s.to(torch.int64) for s in scalars]).tolist() if scalars else []
-
-
-def _host_floats(scalars: list[torch.Tensor]) -> list[float]:
-    """0-dim tensors of one device to Python floats with one host read (as _host_ints, for numbers that are not
-    whole: errors, means)."""
-    return torch.stack([s.double() for s in scalars]).tolist() if scalars else []
-
-
-def _outputs_intact(trials: list) -> bool:
-    """Whether every reference output kept on the GPU still has the fingerprint it had when it was made (a kernel
-    can write anywhere in its process's GPU memory, and an output rewritten to match the candidate's would pass the
-    comparison). Host-kept outputs have none: no kernel reaches them."""
-    kept = [tr for tr in trials if "fp" in tr]
-    sums = _host_ints([s for tr in kept for s in _fingerprint_sums(tr["out"], tr["fp"][0])])
-    return sums == [v for tr in kept for v in tr["fp"][1]]
-
-
-def _within_kernels_reach(out) -> bool:
-    """Whether a reference output is kept where a candidate's kernels could rewrite it: GPU memory."""
-    return any(t.is_cuda for t in _tensors(out))
 
 
 def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
@@ -652,30 +513,24 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     # (not on meta where the reference names a device: it may put its tensors there itself)
     per_input, per_output = (None, None) if mentions_cuda else _trial_bytes_on_meta(ref, opts)
     host_bytes, device_bytes = memory_need(per_input, per_output, opts, device.type, on_device)
-    _ask_memory(conn, host_bytes, device_bytes, details)
+    ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)
     if on_device or mentions_cuda:
-        _gpu_turn(conn, turn)
+        gpu_turn(conn, turn)
     init_inputs = ref.get_init_inputs()
     draws = _trial_inputs(ref, opts, details, device if on_device else None)
     details["ref_inputs_s"] = _since(clock)
     if not (on_device or mentions_cuda):
-        _gpu_turn(conn, turn)
+        gpu_turn(conn, turn)
     clock = time.monotonic()
     ref_model = _build_model(ref.Model, init_inputs, device, opts)
     # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
-    between = (lambda: _yield_turn(conn, device.type)) if turn == "shared" else None
+    between = (lambda: yield_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
                                        between)
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
     return ref, init_inputs, ref_model, trials, ref_mutates
-
-
-def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
-    names = [str(t.dtype).removeprefix("torch.") for t in _tensors(ref_out) if t.is_floating_point()]
-    default = max([TOLERANCES.get(name, 1e-4) for name in names] or [1e-4])
-    return (default if opts["atol"] is None else opts["atol"]), (default if opts["rtol"] is None else opts["rtol"])
 
 
 def _load_reference(ev: _Evaluation) -> dict | None:
@@ -687,7 +542,7 @@ def _load_reference(ev: _Evaluation) -> dict | None:
     try:
         if "pack" in job:
             ev.ref, ev.init_inputs, ev.trials, ev.ref_mutates = _receive_reference(job, conn, details)
-            _gpu_turn(conn, ev.turn)
+            gpu_turn(conn, ev.turn)
             ev.ref_model = None
             if ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved with the candidate
                 ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, ev.device, ev.opts)
@@ -703,352 +558,7 @@ def _load_reference(ev: _Evaluation) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Stage 2: the instrumentation, then the candidate's import
-
-_GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forward counts as a PyTorch fallback
-    # allocation and fills
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor", "arange", "fill", "fill_",
-    "zero_", "resize_", "set_",
-    # views, layout and copies (data movement, no arithmetic)
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "permute", "transpose", "t", "expand",
-    "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
-    "split_with_sizes", "chunk", "unbind", "alias", "detach", "view_as", "movedim", "contiguous", "clone", "copy_",
-    "_to_copy", "to", "lift_fresh", "cat", "stack", "constant_pad_nd",
-    "is_same_size",
-}   # (not .item(): a Python loop over .item() values is a host-side fallback)
-
-
-class _Instrumentation:
-    """Everything the harness installs in a worker before the candidate is imported, and verifies afterwards."""
-
-    def __init__(self, backend: str, device: str, module_name: str, ref_src: str = ""):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        self.device, self.module_name = device, module_name
-        self.launches = collections.Counter()   # own kernel name -> launches during forward
-        self.ops = collections.Counter()        # non-glue aten ops during forward (outside own launches)
-        self.builds = []                        # load_inline calls: {"name", "cuda_sources"}
-        self.recording, self.paused = False, 0
-        self.turn = None                        # the job's connection while it holds a shared GPU turn
-        self.problems = []                      # deterministic/fill flags flipped inside a candidate call
-        self.poison_s = 0.0                     # seconds spent NaN-filling the allocator before candidate calls
-        instr = self
-
-        def record(mode, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if instr.recording and not instr.paused and name not in _GLUE_OPS:
-                instr.ops[name] += 1
-            return func(*args, **(kwargs or {}))
-        # torch wraps __torch_dispatch__ in a dynamo-disable shim that imports torch._dynamo on first use (about as
-        # long as importing torch itself); marking the function as already wrapped skips that (torch/_compile.py).
-        setattr(record, "__dynamo_disable", record)
-        self.recorder = type("OpRecorder", (TorchDispatchMode,), {"__torch_dispatch__": record})()
-        if backend == "cuda":
-            self._patch_load_inline()
-        if backend == "triton":
-            self._patch_triton_run()
-        self.reaches = _reference_reaches(ref_src)
-        self.snapshot = _harness_snapshot(self.reaches)
-        self.threads = threading.active_count()
-
-    def _patch_load_inline(self) -> None:
-        """Route load_inline to the fast, cached builder of cuda_ext/build.py (it falls back to torch's own build)."""
-        import torch.utils.cpp_extension as cpp
-        from cuda_ext.build import fast_load_inline as build
-        signature = inspect.signature(cpp.load_inline)
-
-        def load_inline(*args, **kwargs):
-            a = signature.bind(*args, **kwargs).arguments
-            sources = a.get("cuda_sources") or []
-            self.builds.append({"name": a.get("name"), "cuda_sources": [sources] if isinstance(sources, str) else list(sources)})
-            module = build(**a)   # by name: positional arguments follow the installed torch's order
-            self.builds[-1]["how"] = getattr(module, "__kz_build__", "torch")   # fast / plain / cached-... / torch
-            return module
-        cpp.load_inline = load_inline
-
-    def _patch_triton_run(self) -> None:
-        """Count launches of the candidate's own @triton.jit kernels (class-level, so kernels defined anywhere in
-        the candidate, autotuned or not, are seen; works under the interpreter too) and pause op recording inside
-        a launch (the interpreter itself runs torch ops on the arguments)."""
-        from triton.runtime.jit import JITFunction
-        classes = [JITFunction]
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            from triton.runtime.interpreter import InterpretedFunction
-            classes.append(InterpretedFunction)
-        for cls in classes:
-            def run(kernel, *args, _original=cls.run, **kwargs):
-                fn = getattr(kernel, "fn", None)
-                if self.recording and not kwargs.get("warmup") and getattr(fn, "__module__", None) == self.module_name:
-                    self.launches[fn.__name__] += 1
-                with self.unrecorded():
-                    return _original(kernel, *args, **kwargs)
-            cls.run = run
-        if hasattr(JITFunction, "_do_compile"):   # (triton >= 3.3)
-            def do_compile(kernel, *args, _original=JITFunction._do_compile, **kwargs):
-                with self.off_gpu():
-                    return _original(kernel, *args, **kwargs)
-            JITFunction._do_compile = do_compile
-        from triton.runtime.autotuner import Autotuner   # its benchmarking statistics use torch: not a fallback
-        interpreted = len(classes) > 1
-
-        def tune(tuner, *args, _original=Autotuner.run, **kwargs):
-            if interpreted:   # the interpreter cannot benchmark (no driver): correctness only, so take the first config
-                tuner.configs = tuner.configs[:1]
-            with self.unrecorded():
-                return _original(tuner, *args, **kwargs)
-        Autotuner.run = tune
-
-    @contextlib.contextmanager
-    def unrecorded(self):
-        """Torch ops run by Triton itself (launcher, interpreter, autotuner) are not the candidate's: not recorded."""
-        self.paused += 1
-        try:
-            yield
-        finally:
-            self.paused -= 1
-
-    @contextlib.contextmanager
-    def off_gpu(self):
-        """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
-        the GPU then waits for other candidates' GPU work only, not for their compiles (the writer-preferring
-        harness_processes.Gate)."""
-        if self.turn is None:   # (no shared turn held: e.g. the GPU held alone, keep it)
-            yield
-            return
-        conn, self.turn = self.turn, None
-        _pass_turn(conn, self.device, "none")
-        try:
-            yield
-        finally:
-            _gpu_turn(conn, "shared")
-            self.turn = conn
-
-    def yield_turn(self) -> None:
-        """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
-        whole check (_yield_turn)."""
-        if self.turn is not None:
-            _yield_turn(self.turn, self.device)
-
-    @contextlib.contextmanager
-    def candidate_call(self):
-        """One candidate forward: no_grad, NaN-poisoned memory, launches and aten ops recorded."""
-        if self.device == "cuda":
-            clock = time.monotonic()
-            _poison_cuda_allocator()
-            self.poison_s += time.monotonic() - clock
-        det = torch.utils.deterministic
-        saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                 det.fill_uninitialized_memory)
-        # -> torch.empty returns NaN-filled memory. (The C setter: torch.use_deterministic_algorithms also imports
-        # torch._inductor, which imports dynamo: seconds per worker, for a flag inductor does not need here.)
-        torch._C._set_deterministic_algorithms(True, warn_only=True)
-        det.fill_uninitialized_memory = True
-        try:
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")
-                self.recording = True
-                try:
-                    with self.recorder:
-                        yield
-                    if self.device == "cuda":
-                        torch.cuda.synchronize()
-                finally:
-                    self.recording = False
-            if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):
-                self.problems.append("deterministic mode / fill_uninitialized_memory switched off during forward")
-        finally:
-            torch._C._set_deterministic_algorithms(saved[0], warn_only=saved[1])
-            det.fill_uninitialized_memory = saved[2]
-
-    def recorded_when_captured(self, model):
-        """`model` as the timing calls it: while its forward is being captured as a CUDA graph (the only time its
-        Python runs during graph timing) its aten ops are recorded as in the trials, so a candidate that computes
-        with PyTorch only while captured is seen; eager reps and replays run unrecorded (the recorder's Python would
-        sit inside the timed window)."""
-        def forward(*args):
-            if not torch.cuda.is_current_stream_capturing():
-                return model(*args)
-            self.recording = True
-            try:
-                with self.recorder:
-                    return model(*args)
-            finally:
-                self.recording = False
-        return forward
-
-    def verify(self) -> tuple[str, str] | None:
-        """(check, message) if the candidate patched the harness's references, flags or started threads."""
-        # Only what existed at the snapshot: a module imported since is not a patch (torch's profiler imports
-        # triton, so a CUDA worker, which does not import it at start, would otherwise see "new" triton functions)
-        now = _harness_snapshot(self.reaches)
-        changed = [k for k, v in self.snapshot.items() if not _same_ref(v, now.get(k))]
-        if changed:
-            check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else "monkeypatch"
-            return check, f"the candidate changed {', '.join(changed[:8])}"
-        if self.problems:
-            return "monkeypatch", self.problems[0]
-        if threading.active_count() > self.threads:
-            return "threads", f"{threading.active_count() - self.threads} new thread(s) still alive"
-        return None
-
-
-def _same_ref(a, b) -> bool:
-    return a is b or (type(a) in (bool, str, int, float) and a == b)
-
-
-# Python operators a reference may use on tensors, as the Tensor methods they call
-_OPERATOR_METHODS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__", ast.Div: "__truediv__",
-                     ast.MatMult: "__matmul__", ast.Pow: "__pow__", ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__"}
-
-
-def _static_lookup(owner, name: str):
-    """owner.name found without running anything: for a class, the first class in its MRO that defines it (where an
-    instance's method call finds it); for a module, its own dictionary, then its type's; None if absent. What
-    inspect.getattr_static returns for these owners, at a fraction of its cost: the snapshot runs after every trial."""
-    if owner is None:   # (a torch.nn class the candidate deleted)
-        return None
-    if isinstance(owner, type):
-        return next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), None)
-    found = vars(owner).get(name)
-    return found if found is not None else _static_lookup(type(owner), name)
-
-
-def _reference_reaches(ref_src: str) -> list[str]:
-    """What the reference's forward may call that a candidate could rebind to slow it down (the reference is timed
-    after the candidate's import, in its process: pitfalls 6 and 15): for every name and attribute in the reference's
-    source, the torch function, torch.nn.functional function, Tensor method or torch.nn class of that name (a class
-    with its own methods), plus every torch.nn.functional function (the nn classes call them) and the Tensor methods
-    behind the reference's operators. Looked up without side effects (_static_lookup: no lazy imports); torch's own
-    late rebinding of manual_seed (importing dynamo wraps it) is left out. Keys ("torch.relu"), in a stable order."""
-    import torch.nn.functional as F
-    try:
-        tree = ast.parse(ref_src)
-    except (SyntaxError, ValueError):
-        return []
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    names |= {_OPERATOR_METHODS[type(n.op)] for n in ast.walk(tree)
-              if isinstance(n, (ast.BinOp, ast.AugAssign)) and type(n.op) in _OPERATOR_METHODS}
-    names -= {"manual_seed"}
-    if not names:
-        return []
-    reaches = [f"F.{k}" for k, v in sorted(vars(F).items()) if callable(v) and not isinstance(v, type)]
-    for name in sorted(names):
-        for label, owner in (("torch", torch), ("torch.Tensor", torch.Tensor)):
-            obj = _static_lookup(owner, name)
-            if obj is not None and not isinstance(obj, type) and (callable(obj) or hasattr(obj, "__get__")):
-                reaches.append(f"{label}.{name}")
-        cls = _static_lookup(torch.nn, name)
-        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-            reaches += [f"torch.nn.{name}.{k}" for k, v in sorted(vars(cls).items()) if callable(v)]
-    return reaches
-
-
-def _harness_snapshot(reaches: list[str] = ()) -> dict:
-    """The functions and flags the harness relies on; compared by identity (functions) or value (flags). `reaches`
-    (from _reference_reaches) names what the reference may call: each is looked up again, by the same route."""
-    import builtins
-    import torch.utils.cpp_extension
-    snap = {
-        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isnan": torch.isnan,
-        "torch.isfinite": torch.isfinite, "torch.testing.assert_close": torch.testing.assert_close,
-        "torch.no_grad": torch.no_grad, "torch.exp": torch.exp,   # (not manual_seed: importing dynamo wraps it)
-        "torch.nn.Module.__call__": torch.nn.Module.__call__, "torch.nn.Module._call_impl": torch.nn.Module._call_impl,
-        "time.perf_counter": time.perf_counter, "time.time": time.time, "time.monotonic": time.monotonic,
-        "builtins.isinstance": builtins.isinstance, "builtins.type": builtins.type, "builtins.len": builtins.len,
-        "builtins.max": builtins.max, "builtins.float": builtins.float,
-        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "torch.utils.cpp_extension.load_inline": torch.utils.cpp_extension.load_inline,
-    }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        snap["tf32.matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
-        snap["tf32.cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
-        snap["matmul.allow_fp16_reduced_precision"] = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-    for name in ("clone", "to", "float", "double", "abs", "max", "sub", "__sub__", "isnan", "equal", "cpu", "detach",
-                 "copy_", "data_ptr", "untyped_storage", "numel", "__eq__", "__torch_function__", "is_floating_point",
-                 "nan_to_num", "all", "any", "item", "shape", "dtype", "device"):
-        snap[f"torch.Tensor.{name}"] = _static_lookup(torch.Tensor, name)   # raw (classmethods too)
-    if torch.cuda.is_available():
-        snap.update({"torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
-                     "torch.cuda.Event.record": torch.cuda.Event.record,
-                     "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
-                     "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
-    if "triton" in sys.modules:
-        from triton.runtime.jit import JITFunction, KernelInterface
-        from triton.runtime.autotuner import Autotuner
-        snap["JITFunction.run"], snap["KernelInterface.__getitem__"] = JITFunction.run, KernelInterface.__getitem__
-        snap["Autotuner.run"] = Autotuner.run
-        if "triton.runtime.interpreter" in sys.modules:
-            snap["InterpretedFunction.run"] = sys.modules["triton.runtime.interpreter"].InterpretedFunction.run
-    # the harness's own functions, in every module of it that runs here (the static check bans importing them, but
-    # a candidate that reached one anyway could patch it): each module's bindings, those it imported from the other
-    import torch.nn.functional as F
-    for key in reaches:   # looked up by its key's route, at the snapshot and again at every check
-        owner, name = key.rsplit(".", 1)
-        where = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}.get(owner) or \
-            _static_lookup(torch.nn, owner.split(".")[-1])
-        snap["reaches " + key] = _static_lookup(where, name)
-    own = {module.__name__ for module in _HARNESS_MODULES}
-    for module in _HARNESS_MODULES:
-        for name, obj in vars(module).items():
-            if callable(obj) and getattr(obj, "__module__", None) in own:
-                snap[f"{module.__name__}.{name}"] = obj
-    return snap
-
-
-_SMALL_REQUEST_MAX = 1 << 20   # torch's caching allocator serves requests of <= 1 MiB from its small pool
-
-
-def _free_block_requests(snapshot: list[dict], stream: int) -> tuple[list[int], bool]:
-    """Sizes to request on `stream` so that each free block of the caching allocator (torch.cuda.memory_snapshot())
-    that such a request can get is taken: its own size (the allocator's best fit), except for a small segment's free
-    block over 1 MiB (small segments are 2 MiB), which a request of its size would miss: that request goes to the
-    large pool. Such a block is asked for in 1 MiB, and the second value says so: what it leaves free is taken in
-    another pass. Blocks of other streams and of CUDA graphs' private pools are left out: a request on this stream
-    never gets them, so asking for their sizes would only make new segments (and another pass, every time)."""
-    requests, split = [], False
-    for segment in snapshot:
-        if segment["stream"] != stream or tuple(segment["segment_pool_id"]) != (0, 0):
-            continue
-        for block in segment["blocks"]:
-            if block["state"] != "inactive":
-                continue
-            if segment["segment_type"] == "small" and block["size"] > _SMALL_REQUEST_MAX:
-                requests.append(_SMALL_REQUEST_MAX)
-                split = True
-            else:
-                requests.append(block["size"])
-    return requests, split
-
-
-def _poison_cuda_allocator() -> None:
-    """Fill every free block of the caching allocator with NaN, so that memory a candidate gets without a fill (raw
-    storage, a C++ allocation) holds no stale result, such as the reference's freed output (pitfall #1). Each free
-    block this stream's requests can get is taken by asking for its size (the allocator's best fit), filled, and
-    given back: no driver call. (A CUDA graph's private pool holds only what its capture allocated; another
-    stream's blocks, only what was allocated there: the reference's outputs are made on this stream.) A small
-    segment's free block over 1 MiB is taken in pieces, one more pass each (at most four; two suffice, since
-    small segments are 2 MiB). Memory the cache has not got comes fresh from cudaMalloc, and this process never
-    returned any to the driver before the candidate's calls (no empty_cache), so no old result of ours can be in it.
-    No host sync first: the fills are ordered on the stream after whatever used those blocks last, and a free
-    deferred by record_stream (not complete yet, so not in the cache) can only be the candidate's own tensor: the
-    harness never records one."""
-    torch.empty(1, device="cuda")   # an allocation first: completed record_stream frees become free blocks
-    held, stream = [], torch.cuda.current_stream().cuda_stream
-    for _ in range(4):   # all blocks are held until the end, so each pass sees only what the last one left free
-        requests, split = _free_block_requests(torch.cuda.memory_snapshot(), stream)
-        for size in sorted(requests, reverse=True):
-            t = torch.empty(size, dtype=torch.uint8, device="cuda")
-            t[: size // 4 * 4].view(torch.float32).fill_(float("nan"))
-            held.append(t)
-        if not split:   # nothing was taken in pieces: no block is left over
-            break
-    del held   # back to the cache, NaN-filled
-
+# Stage 2: the instrumentation (harness_instrumentation.py), then the candidate's import
 
 def _import_candidate(job: dict, send, details: dict) -> tuple:
     """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
@@ -1086,113 +596,7 @@ def _build_candidate(ev: _Evaluation) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Stage 3: correctness trials
-
-def _compare(out, ref_out, device, atol: float, rtol: float,
-             read_with: list | tuple = ()) -> tuple[str | None, str | None, str, dict]:
-    """(error_kind or None, check or None, message, stats) for a candidate output against the reference output.
-    The numbers of every output come back in one host read (on a GPU that other worker processes share, each read
-    waits for their time slices, and this runs for every trial), and with them `read_with`: the caller's own 0-dim
-    device tensors, whose values come back as stats["read_with"]."""
-    stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
-    early, numbers = _output_numbers(out, ref_out, device, atol, rtol)
-    if early:   # (an answer the host could give alone: the caller's values read on their own)
-        stats["read_with"] = _host_ints(list(read_with))
-        return (*early, stats)
-    values = iter(_host_floats([x for _, _, xs in numbers for x in xs] + list(read_with)))   # (the one host read)
-    found = _judge_numbers(numbers, values, stats, atol, rtol)
-    stats["read_with"] = [int(v) for v in values]   # (what the judge left: the caller's values)
-    return (*found, stats)
-
-
-def _output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tuple | None, list]:
-    """_compare's device half: (a verdict the host gives without reading anything, or None; [(output index, output,
-    its numbers still on the device)]). A floating output's numbers: NaNs the reference has not, max abs error, max
-    relative error, values outside the tolerance; another dtype's: how many values differ."""
-    if isinstance(ref_out, torch.Tensor):
-        pairs = [(out, ref_out)]
-    elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
-        pairs = list(zip(out, ref_out))
-    else:
-        return ("mismatch", None,
-                f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}"), []
-    numbers = []
-    for i, (o, r) in enumerate(pairs):
-        if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            return ("reward_hack", "output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"), []
-        if type(o) is not torch.Tensor:
-            return ("mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor"), []
-        if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
-            return ("reward_hack", "output_storage", f"output {i} has no real storage"), []
-        if o.device.type != device.type:
-            return ("mismatch", None, f"output {i} is on {o.device}, expected {device.type}"), []
-        if o.shape != r.shape or o.dtype != r.dtype:
-            return ("mismatch", None,
-                    f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}"), []
-        if o.is_floating_point() and not o.numel():
-            continue
-        # in steps of _COMPARE_STEP values: a comparison makes ~10 temporaries of its operands' size, which for a
-        # 6.4 GB output (official KernelBench level 1) would not fit beside the trials on an 80 GB GPU
-        # (a reference kept on the host comes over one step at a time too)
-        of, rf, found = o.reshape(-1), r.reshape(-1), None
-        for j in range(0, max(of.numel(), 1), _COMPARE_STEP):
-            step = _step_numbers(of[j:j + _COMPARE_STEP], rf[j:j + _COMPARE_STEP].to(o.device), atol, rtol)
-            # counts (numbers 0 and 3) add up over the steps, errors (1 and 2) take their maximum
-            found = step if found is None else [a + b if k in (0, 3) else torch.maximum(a, b)
-                                                for k, (a, b) in enumerate(zip(found, step))]
-        numbers.append((i, o, found))
-    return None, numbers
-
-
-_COMPARE_STEP = 2**26   # values compared at once (256 MB of fp32 per temporary)
-
-
-def _step_numbers(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> list[torch.Tensor]:
-    """_output_numbers for flat slices of one output and its reference (same device): for a floating output [NaNs
-    the reference has not, max abs error, max relative error, values outside the tolerance], else [values that
-    differ] (exact)."""
-    if not o.is_floating_point():
-        return [(o != r).sum()]
-    o32, r32 = (o.float(), r.float()) if o.dtype in (torch.float16, torch.bfloat16) else (o, r)
-    finite = torch.isfinite(o32) & torch.isfinite(r32)
-    diff = torch.where(finite, (o32 - r32).abs(), torch.zeros_like(o32))
-    del finite
-    max_rel = (diff / r32.abs().nan_to_num(nan=1.0).clamp_min(atol)).max()   # (a NaN made every max NaN)
-    new_nan = (o.isnan() & ~r.isnan()).sum()
-    bad = (~torch.isclose(o, r, atol=atol, rtol=rtol, equal_nan=True)).sum()   # (allclose is "none bad")
-    return [new_nan, diff.max(), max_rel, bad]
-
-
-def _judge_numbers(numbers: list, values, stats: dict, atol: float, rtol: float) -> tuple:
-    """_compare's host half: (error_kind or None, check or None, message) from _output_numbers' numbers, whose values
-    it takes from the iterator `values` (as many as there are numbers, in their order), the errors added to `stats`."""
-    read = [[next(values) for _ in xs] for _, _, xs in numbers]
-    for (i, o, _), got in zip(numbers, read):   # in output order, as if each had been read on its own
-        if len(got) == 1:
-            if got[0]:
-                return "mismatch", None, f"output {i}: {int(got[0])} of {o.numel()} values differ"
-            continue
-        new_nan, max_abs, max_rel, bad = got
-        if new_nan:
-            return "mismatch", None, f"output {i}: NaN where the reference is not (uninitialised memory?)"
-        stats["max_abs_err"] = max(stats["max_abs_err"], max_abs)
-        stats["max_rel_err"] = max(stats["max_rel_err"], max_rel)
-        if bad:
-            return "mismatch", None, (f"output {i}: {int(bad)} of {o.numel()} values outside atol={atol:g} "
-                                      f"rtol={rtol:g} (max abs err {stats['max_abs_err']:.3g})")
-    return None, None, ""
-
-
-def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
-    """The heavy-tailed trial's outputs are larger; scale atol by how much (keeps the same relative demand)."""
-    if not trial["heavy"]:
-        return atol, rtol
-    heavy = [t.float().abs().mean() for t in _tensors(trial["out"]) if t.numel()]
-    first = [t.float().abs().mean() for t in _tensors(trials[0]["out"]) if t.numel()]
-    means = _host_floats(heavy + first)   # (one host read for both)
-    heavy_mean, first_mean = sum(means[:len(heavy)]) or 1.0, sum(means[len(heavy):]) or 1.0
-    return atol * max(1.0, heavy_mean / first_mean), rtol
-
+# Stage 3: correctness trials (the comparisons: harness_compare.py)
 
 _REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
 
@@ -1315,200 +719,7 @@ def _check_coverage(ev: _Evaluation) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Stage 5: timing (GPU only)
-
-def _capture(model, pristine: list, stream) -> tuple:
-    """(graph, static_args, static_out): one forward of `model` captured as a CUDA graph, on copies of `pristine`.
-    A replay reruns the captured kernels on whatever static_args hold then, with no Python in between. Raises where
-    a forward cannot be captured: a host sync (.item(), a device-to-host copy), an unjoined side stream, an
-    allocation outside the graph's pool. (A kernel launched on the legacy default stream runs during the capture
-    but is not in the graph: _graph_runners' replays on both input sets find it out.)"""
-    static = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
-    graph = torch.cuda.CUDAGraph()
-    stream.wait_stream(torch.cuda.current_stream())   # (the copies above first)
-    with torch.no_grad(), torch.cuda.stream(stream):
-        model(*static)   # a warm-up on the capture's stream first (cuBLAS workspaces, lazy inits), as torch's CUDA
-        stream.synchronize()   # graph notes ask; then the capture itself. (Not `with torch.cuda.graph(...)`: it
-        graph.capture_begin()   # also empties the allocator's and pinned-host caches: driver calls for nothing here)
-        try:
-            out = model(*static)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                graph.capture_end()   # (the capture is invalid: the forward's own error is the reason)
-            raise
-        graph.capture_end()
-    return graph, static, out
-
-
-def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict | None, str | None]:
-    """({name: (graph, static_args, static_out)}, None) when every model's forward captures as a CUDA graph whose
-    replays reproduce the reference outputs of every input set; else (None, why not): then all of them are timed
-    eagerly, so that reference and candidate are always measured the same way. `tol`: (atol, rtol); (0, 0) takes
-    the output dtype's TOLERANCES entry (a replay of the reference runs its own kernels again, cuBLAS may pick
-    another algorithm under capture)."""
-    runners = {}
-    tol = tol if any(tol) else _tolerance(sets[0][1], {"atol": None, "rtol": None})
-    need = len(models) * (_nbytes(sets[0][0]) + _nbytes(_tensors(sets[0][1])))   # captured inputs and outputs
-    try:
-        # a multi-GB task whose copies do not fit: eager (its kernels take milliseconds, where host latency is noise)
-        if need > 0.8 * torch.cuda.mem_get_info(device)[0]:
-            return None, f"the graphs' copies ({need / 2**30:.1f} GB) do not fit in free GPU memory"
-        stream = torch.cuda.Stream(device)
-        for name, model in models.items():
-            runners[name] = _capture(model, sets[0][0], stream)
-        replays = []   # (name, its output's numbers on the device): all read at once below (a host read under
-        for name, (graph, static, out) in runners.items():   # the shared turn waits for the other workers' slices)
-            for inputs, ref_out in sets:   # (set 0 was the capture's own input: set 1 shows what replay reruns)
-                _load_static(static, inputs)
-                graph.replay()   # (the numbers are computed on the stream before the next replay rewrites `out`)
-                early, numbers = _output_numbers(out, ref_out, device, *tol)
-                if early:
-                    return None, f"{name}: a replay of its captured forward disagrees with the reference ({early[2]})"
-                replays.append((name, numbers))
-        values = iter(_host_floats([x for _, numbers in replays for _, _, xs in numbers for x in xs]))
-        for name, numbers in replays:
-            kind, _, message = _judge_numbers(numbers, values, {"max_abs_err": 0.0, "max_rel_err": 0.0}, *tol)
-            if kind:
-                return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
-    except Exception as e:   # not capturable: the eager method, which needs none of this
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize()
-        return None, _truncate(f"{type(e).__name__}: {e}", 300)
-    return runners, None
-
-
-def _load_static(static: list, inputs: list) -> None:
-    """Copy one input set's values into a captured graph's input tensors (stream-ordered, before the flush)."""
-    for s, x in zip(static, inputs):
-        if isinstance(s, torch.Tensor):
-            s.copy_(x)
-
-
-SPOT_CHECKS = 3   # timing reps whose output is compared with the reference, per timed candidate
-
-
-def _spot_reps(n: int, sets: int, k: int, rng: random.Random) -> set[int]:
-    """k distinct rep indices of range(n), drawn by rng, with at least one rep of every input set (rep % sets)."""
-    picks = {rng.randrange(s, n, sets) for s in range(min(sets, n))}
-    rest = [r for r in range(n) if r not in picks]
-    return picks | set(rng.sample(rest, max(0, min(k - len(picks), len(rest)))))
-
-
-def _median_ci_width(xs: list) -> float:
-    """Width of the distribution-free 95% confidence interval of the median (order statistics), relative to it."""
-    xs, n = sorted(xs), len(xs)
-    k = max(0, int((n - 1.96 * n ** 0.5) / 2))
-    return (xs[n - 1 - k] - xs[k]) / max(xs[n // 2], 1e-9)
-
-
-def _median(xs: list) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
-def _timing_rule(opts: dict) -> dict:
-    return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
-            "headroom_us": opts["timing_headroom_us"], "graphs": opts["timing_graphs"]}
-
-
-def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
-                 tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
-                 headroom_us: float = 0, graphs: bool = False, exclusive=None, after=None) -> dict:
-    """Interleaved CUDA-event timing of several models on the same inputs (module docstring, item 5).
-    Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
-    outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
-    once as a CUDA graph and replayed per rep (_graph_runners; else, or where that fails, every model is called
-    eagerly, with a device-wide synchronize before the end event). `adaptive`: reps (at least min_reps) until every
-    model's median has a 95% confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall
-    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush
-    (DEFAULTS["timing_headroom_us"]).
-    `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
-    warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that. `after()`, if
-    given, is called once the timed reps are done: the caller gives the GPU back to the others there (the checks
-    that follow need no quiet GPU)."""
-    flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)   # 256 MB, larger than any L2 (H200: 60 MB)
-    # alternate values between reps. A trial kept on the GPU is used as it is (the models only ever get copies of its
-    # inputs, and its fingerprinted outputs are the caller's to check: a 6.4 GB task holds no second copy); a
-    # host-kept one goes to the GPU once (a spot check would copy a 256 MB output each time, inside the exclusive
-    # turn), and the candidate could overwrite those copies: times["ref_intact"] says whether they still equal the
-    # host's
-    sets = [([x.to(device) if isinstance(x, torch.Tensor) else x for x in tr["inputs"]],
-             tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
-    runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    sleep_cycles = 0
-    if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(10**6)
-        end.record()
-        end.synchronize()
-        sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
-    times = {name: [] for name in models}
-    # host: the wall time of the checked model's reps (a cross-check of the events)
-    times.update(bad_output=[], host=[], method="graph" if runners else "eager")
-    if why_not:
-        times["graph_fallback"] = why_not
-
-    def once(name, rep, check=False, wait=True):
-        pristine, ref_out = sets[rep % len(sets)]
-        if runners:   # a graph replay: the rep's input values copied into the captured inputs, no Python between
-            graph, static, out = runners[name]   # the start and end events, no host latency inside the window
-            _load_static(static, pristine)
-        else:
-            args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, untimed
-            torch.cuda.synchronize()
-        flush.zero_()   # ~80 us of GPU work: an eager model's Python launch overhead hides behind it, as in
-        if sleep_cycles:   # triton.testing.do_bench; we time GPU work, not how fast Python launches
-            torch.cuda._sleep(sleep_cycles)
-        host = time.perf_counter()
-        start.record()
-        if runners:
-            graph.replay()   # one launch; a graph finishes on its stream, side branches included
-        else:
-            with torch.no_grad():
-                out = models[name](*args)
-            torch.cuda.synchronize()   # device-wide: work left on side streams is inside the measurement
-        end.record()
-        if not wait:   # (a warm-up rep whose time nobody reads: no host sync under the shared turn)
-            return None
-        end.synchronize()
-        if check:   # (at once: a copy kept for later would be memory that the candidate's next reps can rewrite)
-            times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
-        return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
-
-    names = list(models)
-    for rep in range(2):   # warm-up, one rep per input set (allocator, torch.compile): the models ran their trials
-        # already (Triton JIT, autotuning, cuBLAS heuristics). Only the fixed rule reads its times (for the rep count)
-        warm = {name: once(name, rep, wait=not adaptive) for name in names}
-    if exclusive is not None:
-        torch.cuda.synchronize()   # (our warm-up reps finish first: a timer may get the GPU as we give our turn up)
-        exclusive()
-    if adaptive:   # as many reps as the medians need: the reward uses clip(ln s), a few percent is enough
-        deadline, reps = time.monotonic() + budget_s, 300
-    else:          # the fixed rule: the budget spent, 30..300 reps
-        estimate = sum(host_ms for _, host_ms in warm.values()) + 0.5 * len(names)
-        reps = int(min(300, max(30, budget_s * 1e3 / estimate)))
-    # Unpredictable reps get the checked model's output compared, SPOT_CHECKS of them among the reps that surely
-    # run, every input set among them (a replayed or cached output is systematic): each check is GPU work inside
-    # the exclusive turn that every other worker on this GPU waits for
-    spots = _spot_reps(min(reps, min_reps) if adaptive else reps, len(sets), SPOT_CHECKS, random.Random(os.urandom(8)))
-    for rep in range(reps):   # interleaved; rotate who goes first
-        for name in names[rep % len(names):] + names[: rep % len(names)]:
-            event_ms, host_ms = once(name, rep, check=name == checked and rep in spots)
-            times[name].append(event_ms)
-            if name == checked:
-                times["host"].append(host_ms)
-        if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
-            if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
-                break
-    if after is not None:
-        after()
-    # compared on the GPU (the host copy goes there): a pageable copy of a large output to the host would take a
-    # large part of a second
-    times["ref_intact"] = all(_same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
-                              for host, gpu_copy in zip(_tensors(tr["out"]), _tensors(out)))
-    return times
-
+# Stage 5: timing (GPU only; the rule: harness_timing.py)
 
 def _time_candidate(ev: _Evaluation) -> dict | None:
     """Stage 5 (GPU only): reference and candidate timed interleaved (_time_models), then the checks that timing
@@ -1525,8 +736,8 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     timed = instr.recorded_when_captured(ev.cand_model)
     # input copies, graph captures and warm-up under the shared turn, the timed reps alone, and the checks after
     # them shared again (a job that holds the GPU alone throughout, a rerun after an out-of-memory, keeps it)
-    alone = (lambda: _gpu_turn(conn, "exclusive"))
-    shared = (lambda: _gpu_turn(conn, "shared")) if ev.turn == "shared" else None
+    alone = (lambda: gpu_turn(conn, "exclusive"))
+    shared = (lambda: gpu_turn(conn, "shared")) if ev.turn == "shared" else None
     try:
         times = _time_models({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
                              checked="cand", tol=(ev.atol, ev.rtol), exclusive=alone, after=shared,
@@ -1692,7 +903,7 @@ def _repeatable(a, b) -> bool:
 def _job_lint(job: dict, conn: Connection) -> dict:
     """Task quality rules (pitfall 8, degenerate tasks); the module is untrusted, hence a worker."""
     conn.send(("phase", "reference"))
-    _gpu_turn(conn, "shared")
+    gpu_turn(conn, "shared")
     device, opts = torch.device(job["device"]), job["opts"]
     report = {"ok": False, "problems": [], "eager_ms": None, "input_mb": None}
     problems = report["problems"]
@@ -1748,7 +959,7 @@ def _job_lint(job: dict, conn: Connection) -> dict:
             how = f" ({int((gap > 0).sum())} of {a.numel()} values, max abs difference {float(gap.max()):.3g})"
         problems.append("not deterministic: the same inputs gave different outputs" + how)
     if device.type == "cuda":
-        _gpu_turn(conn, "exclusive")
+        gpu_turn(conn, "exclusive")
         with torch.no_grad():
             report["eager_ms"] = min(_lint_gpu_ms(model, pristine) for _ in range(3))
         if report["eager_ms"] < opts.get("min_gpu_ms", 0.05):

@@ -21,12 +21,15 @@ Use:
 import ast
 import re
 
+# The harness's modules that run in a candidate's process (a worker): importing one, or assigning into it, is a
+# monkeypatch; the worker's identity snapshot (harness_instrumentation._harness_snapshot) covers their functions
+HARNESS_MODULES = ("eval_harness", "harness_processes", "harness_worker", "harness_compare", "harness_timing",
+                   "harness_instrumentation")
 BANNED_IMPORTS = {  # module root -> check name
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
     "multiprocessing": "processes", "subprocess": "processes", "ctypes": "ctypes", "cffi": "ctypes",
     "inspect": "introspection", "importlib": "dynamic_code", "builtins": "monkeypatch",
-    "eval_harness": "monkeypatch", "harness_processes": "monkeypatch", "harness_worker": "monkeypatch",   # the harness
-    "static_checks": "monkeypatch",
+    "static_checks": "monkeypatch", **{name: "monkeypatch" for name in HARNESS_MODULES},
     "gc": "introspection",   # gc reaches every live object, the harness's stored reference outputs among them
     "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
     "torch.utils._python_dispatch": "torch_function", "torch._dynamo": "torch_compile", "torch._inductor": "torch_compile",
@@ -52,8 +55,8 @@ BANNED_ATTRS = {  # attribute names, whatever object they hang off
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
               "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
-PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "eval_harness", "harness_processes", "harness_worker",
-                   "static_checks", "triton", "numpy", "math", "gc"}
+PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "static_checks", "triton", "numpy", "math", "gc",
+                   *HARNESS_MODULES}
 DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
 STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
 

@@ -1,6 +1,6 @@
-"""Tests for the harness (eval_harness.py, harness_processes.py, harness_worker.py): known-good candidates, one
-adversarial candidate per pitfall row (the table in eval_harness.py's docstring; CASES in tests/common.py), isolation
-(timeouts, crashes, no processes left), the GPU gate, CLI, lint.
+"""Tests for the harness (eval_harness.py, harness_processes.py and the worker side, harness_*.py): known-good
+candidates, one adversarial candidate per pitfall row (the table in eval_harness.py's docstring; CASES in
+tests/common.py), isolation (timeouts, crashes, no processes left), the GPU gate, CLI, lint.
 
 CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
 per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
@@ -21,7 +21,10 @@ import pytest
 import torch
 
 import eval_harness as eh
+import harness_compare as hc
+import harness_instrumentation as hi
 import harness_processes as hp
+import harness_timing as ht
 import harness_worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
                           GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_TASK, ROOT, SEGFAULT,
@@ -134,6 +137,9 @@ def test_harness_static_check_sources():
                        ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
                        ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
                        ("import harness_worker", "monkeypatch"), ("from harness_worker import _compare", "monkeypatch"),
+                       ("from harness_compare import _judge_numbers", "monkeypatch"),
+                       ("import harness_timing as t", "monkeypatch"),
+                       ("import harness_instrumentation\nharness_instrumentation._GLUE_OPS = set()", "monkeypatch"),
                        ("from harness_processes import run_job", "monkeypatch"),
                        ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
                        ("import sys\nsys.settrace(None)", "introspection"),
@@ -144,7 +150,7 @@ def test_harness_static_check_sources():
 
 def test_harness_instrumentation_counts_threads():
     import threading
-    instr = hw._Instrumentation("none", "cpu", "kz_candidate")
+    instr = hi._Instrumentation("none", "cpu", "kz_candidate")
     assert instr.verify() is None
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)
@@ -160,7 +166,7 @@ def test_harness_build_patch_does_not_trip_the_snapshot():
     import torch.utils.cpp_extension as cpp
     original = cpp.load_inline
     try:
-        instr = hw._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
+        instr = hi._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
         assert cpp.load_inline is not original
         assert instr.verify() is None
         cpp.load_inline = original   # what a candidate restoring/replacing it would do
@@ -177,7 +183,7 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
     from triton.runtime.jit import JITFunction
     original = cpp.load_inline
     try:
-        instr = hw._Instrumentation("cuda", "cpu", "kz_candidate")
+        instr = hi._Instrumentation("cuda", "cpu", "kz_candidate")
         for key in [k for k in instr.snapshot if k.split(".")[0] in ("JITFunction", "KernelInterface", "Autotuner",
                                                                      "InterpretedFunction")]:
             del instr.snapshot[key]   # as if triton had not been imported when the worker took its snapshot
@@ -194,20 +200,23 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
 
 
 def test_harness_snapshot_covers_every_harness_module():
-    """The harness runs in a candidate's process as three modules (eval_harness.py, harness_processes.py,
-    harness_worker.py): the identity snapshot holds the functions of all three, and the bindings harness_worker
-    imported from the others, so a patch of any of them reads as monkeypatch (pitfall 6). CASES' patch_worker_* rows
-    do it from a candidate."""
+    """The harness runs in a candidate's process as six modules (static_checks.HARNESS_MODULES: eval_harness.py,
+    harness_processes.py and the worker side in four files): the identity snapshot holds the functions of all of
+    them, and the bindings each imported from the others, so a patch of any of them reads as monkeypatch (pitfall
+    6). CASES' patch_worker_* rows do it from a candidate."""
     assert eh._precheck(CASES["patch_worker_runtime"][1], "triton") is None   # only the snapshot can see that one
     assert eh._precheck(CASES["patch_worker_static"][1], "triton").details["check"] == "monkeypatch"
-    instr = hw._Instrumentation("none", "cpu", "kz_candidate")
+    instr = hi._Instrumentation("none", "cpu", "kz_candidate")
     for key in ("harness_worker._compare", "harness_worker._job_evaluate", "harness_worker._Instrumentation",
                 "harness_worker._truncate", "harness_worker.memory_need", "eval_harness._truncate",
-                "harness_processes.run_job", "harness_processes.memory_need"):
+                "harness_processes.run_job", "harness_processes.memory_need", "harness_processes.yield_turn",
+                "harness_compare._judge_numbers", "harness_timing._time_models", "harness_timing._compare",
+                "harness_instrumentation._harness_snapshot", "harness_instrumentation.gpu_turn"):
         assert key in instr.snapshot, key
     assert instr.verify() is None
     for module, name in ((hw, "_compare"), (hw, "_job_evaluate"), (hw, "_truncate"), (eh, "_truncate"),
-                         (eh, "_result"), (hp, "memory_need")):
+                         (eh, "_result"), (hp, "memory_need"), (hc, "_judge_numbers"), (ht, "_time_models"),
+                         (ht, "_compare"), (hi, "_poison_cuda_allocator"), (hi, "yield_turn")):
         original = getattr(module, name)
         setattr(module, name, lambda *a, **k: None)
         try:
@@ -274,10 +283,10 @@ def test_harness_poison_takes_every_free_block_also_small_ones_over_1_mib(monkey
     monkeypatch.setattr(torch.cuda, "memory_snapshot", snapshot)
     monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 0})())
-    requests, split = hw._free_block_requests(snapshot(), 0)
+    requests, split = hi._free_block_requests(snapshot(), 0)
     assert sorted(requests) == [mib // 4, mib, mib, 16 * mib] and split   # the blocks over 1 MiB: 1 MiB first
     state["snapshots"] = 0
-    hw._poison_cuda_allocator()
+    hi._poison_cuda_allocator()
     reachable = [b for seg in state["segments"][:4] for b in seg["blocks"]]
     assert all(b["taken"] for b in reachable if b["stale"]), reachable
     assert not any(b["taken"] for seg in state["segments"][4:] for b in seg["blocks"])
@@ -296,29 +305,29 @@ def test_harness_static_lookup_finds_what_getattr_static_finds(monkeypatch):
     assert len(sources) > 50
     owners = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}
     for path in sources:
-        for key in hw._reference_reaches(open(path).read()):
+        for key in hi._reference_reaches(open(path).read()):
             owner, name = key.rsplit(".", 1)
             where = owners.get(owner) or static(torch.nn, owner.split(".")[-1])
-            assert hw._static_lookup(where, name) is static(where, name), (path, key)
+            assert hi._static_lookup(where, name) is static(where, name), (path, key)
     for name in ("clone", "shape", "__eq__", "__torch_function__", "relu", "__init__"):
-        assert hw._static_lookup(torch.Tensor, name) is static(torch.Tensor, name), name
-    assert hw._static_lookup(torch, "__init__") is static(torch, "__init__")   # (from the module's type)
-    assert hw._static_lookup(torch.nn, "NoSuchLayer") is None and hw._static_lookup(None, "relu") is None
+        assert hi._static_lookup(torch.Tensor, name) is static(torch.Tensor, name), name
+    assert hi._static_lookup(torch, "__init__") is static(torch, "__init__")   # (from the module's type)
+    assert hi._static_lookup(torch.nn, "NoSuchLayer") is None and hi._static_lookup(None, "relu") is None
     sneaky = lambda self, *args, **kwargs: self
     monkeypatch.setattr(torch.Tensor, "relu", sneaky)   # (defined on the C base, rebound on the class)
-    assert hw._static_lookup(torch.Tensor, "relu") is sneaky
+    assert hi._static_lookup(torch.Tensor, "relu") is sneaky
     monkeypatch.setattr(torch.nn.Module, "__call__", sneaky)   # a base's patch shows through its subclasses
-    assert hw._static_lookup(torch.nn.Linear, "__call__") is sneaky
+    assert hi._static_lookup(torch.nn.Linear, "__call__") is sneaky
 
 
 def test_harness_same_treats_nan_as_equal_and_sees_any_change():
     """The input-mutation check: bit-for-bit, NaN equal to NaN, one changed element or dtype is a difference."""
     x = torch.tensor([1.0, float("nan"), -0.5])
-    assert hw._same(x, x.clone()) and hw._same(torch.arange(3), torch.arange(3))
+    assert hc._same(x, x.clone()) and hc._same(torch.arange(3), torch.arange(3))
     y = x.clone()
     y[2] = 0.5
-    assert not hw._same(x, y) and not hw._same(x, torch.tensor([1.0, 0.0, -0.5]))
-    assert not hw._same(torch.arange(3), torch.tensor([0, 1, 3])) and not hw._same(x, x.double())
+    assert not hc._same(x, y) and not hc._same(x, torch.tensor([1.0, 0.0, -0.5]))
+    assert not hc._same(torch.arange(3), torch.tensor([0, 1, 3])) and not hc._same(x, x.double())
 
 
 def test_harness_extract_code():
@@ -999,14 +1008,14 @@ def test_harness_gpu_poison_fills_small_pool_blocks_over_1_mib():
     later calls make no new segments and take at most two passes (it asked for those blocks' sizes every call)."""
     script = textwrap.dedent('''
         import torch
-        import harness_worker as hw
+        import harness_instrumentation as hi
         piece = 1 << 19
         held = [torch.empty(piece, dtype=torch.uint8, device="cuda") for _ in range(4)]
         for t in held:
             t.view(torch.float32).fill_(7.0)
         stale = [t.data_ptr() for t in held[1:]]
         del held[1:]
-        hw._poison_cuda_allocator()
+        hi._poison_cuda_allocator()
         again = [torch.empty(piece, dtype=torch.uint8, device="cuda") for _ in range(3)]
         seen = [t for t in again if t.data_ptr() in stale]
         assert seen, "the freed memory did not come back"
@@ -1038,7 +1047,7 @@ def test_harness_gpu_poison_fills_small_pool_blocks_over_1_mib():
         for _ in range(3):
             snapshots.clear()
             before = torch.cuda.memory_reserved()
-            hw._poison_cuda_allocator()
+            hi._poison_cuda_allocator()
             calls.append((torch.cuda.memory_reserved() - before, len(snapshots)))
         assert all(grew == 0 for grew, _ in calls[1:]) and all(n <= 2 for _, n in calls), calls
         print("steady", calls)

@@ -6,7 +6,10 @@ import threading
 import time
 
 import eval_harness as eh
+import harness_compare as hc
+import harness_instrumentation as hi
 import harness_processes as hp
+import harness_timing as ht
 import harness_worker as hw
 
 
@@ -218,10 +221,10 @@ def test_harness_worker_output_tail_is_bounded():
 
 def test_harness_median_ci_width():
     """The adaptive timing's stopping rule: the distribution-free 95% interval of the median, relative to it."""
-    assert hw._median_ci_width([1.0] * 20) == 0.0
+    assert ht._median_ci_width([1.0] * 20) == 0.0
     noisy = [1.0 + 0.1 * ((i * 7) % 10) for i in range(20)]   # 1.0 .. 1.9
-    assert 0.3 < hw._median_ci_width(noisy) < 1.0
-    assert hw._median_ci_width(noisy * 10) < hw._median_ci_width(noisy)   # more reps: a narrower interval
+    assert 0.3 < ht._median_ci_width(noisy) < 1.0
+    assert ht._median_ci_width(noisy * 10) < ht._median_ci_width(noisy)   # more reps: a narrower interval
     assert eh.DEFAULTS["timing_ci"] == 0.02
 
 
@@ -375,12 +378,14 @@ def test_harness_bench_baseline_directory_runs_its_own_files(tmp_path):
     import shutil
     import bench
     t = _t()
-    for name in ("eval_harness.py", "harness_processes.py", "harness_worker.py"):
-        shutil.copy(os.path.join(t.ROOT, name), tmp_path / name)
+    import static_checks
+    for name in static_checks.HARNESS_MODULES:
+        shutil.copy(os.path.join(t.ROOT, name + ".py"), tmp_path / (name + ".py"))
     os.symlink(os.path.join(t.ROOT, "cuda_ext"), tmp_path / "cuda_ext")
     with open(tmp_path / "harness_worker.py", "a") as f:   # each process that imports it leaves a note where from
-        f.write("\nwith open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f'imported-{os.getpid()}'), "
-                "'w') as _f:\n    _f.write(eval_harness.__file__)\n")
+        f.write("\nimport eval_harness as _eh\n"
+                "with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f'imported-{os.getpid()}'), "
+                "'w') as _f:\n    _f.write(_eh.__file__)\n")
     module = bench._harness_module(str(tmp_path))
     assert module is not eh and os.path.dirname(os.path.abspath(module.__file__)) == str(tmp_path)
     assert module.run_job is not hp.run_job and os.path.dirname(module.run_job.__code__.co_filename) == str(tmp_path)
@@ -899,14 +904,14 @@ def test_harness_kernel_warm_up_covers_a_trials_harness_ops_and_leaves_no_trace(
 
     def trial_checks():
         for ref, wrong, nan_in in data:
-            assert hw._compare(ref.clone(), ref, device, 1e-2, 1e-2)[0] is None
-            assert hw._compare(wrong, ref, device, 1e-2, 1e-2)[0] == "mismatch"
-            assert hw._compare(nan_in, ref, device, 1e-2, 1e-2)[0] == "mismatch"
-            assert hw._same(nan_in, nan_in.clone()) and not hw._same(nan_in, ref)
-            hw._heavy_tol({"heavy": True, "out": wrong}, [{"out": ref}], 1e-2, 1e-2)
-            hw._host_ints(hw._fingerprint_sums((ref, ref.view(torch.uint8)[:7]), key=2**40 + 3))
-        assert hw._compare(idx.clone(), idx, device, 0.0, 0.0)[0] is None
-        assert hw._compare(idx + 1, idx, device, 0.0, 0.0)[0] == "mismatch"
+            assert hc._compare(ref.clone(), ref, device, 1e-2, 1e-2)[0] is None
+            assert hc._compare(wrong, ref, device, 1e-2, 1e-2)[0] == "mismatch"
+            assert hc._compare(nan_in, ref, device, 1e-2, 1e-2)[0] == "mismatch"
+            assert hc._same(nan_in, nan_in.clone()) and not hc._same(nan_in, ref)
+            hc._heavy_tol({"heavy": True, "out": wrong}, [{"out": ref}], 1e-2, 1e-2)
+            hc._host_ints(hc._fingerprint_sums((ref, ref.view(torch.uint8)[:7]), key=2**40 + 3))
+        assert hc._compare(idx.clone(), idx, device, 0.0, 0.0)[0] is None
+        assert hc._compare(idx + 1, idx, device, 0.0, 0.0)[0] == "mismatch"
 
     missing = _recorded_ops(trial_checks) - warm
     assert not missing, sorted(missing)
@@ -1153,19 +1158,19 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
     torch = eh.torch
     cpu = torch.device("cpu")
     for adaptive in (False, True):
-        times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+        times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                                 tol=(1e-4, 1e-4), adaptive=adaptive)
         assert len(times["cand"]) >= 20 and times["ref_intact"]
-        assert times["bad_output"] == [False] * hw.SPOT_CHECKS, times["bad_output"]
+        assert times["bad_output"] == [False] * ht.SPOT_CHECKS, times["bad_output"]
     first = torch.relu(trials[0]["inputs"][0])
     for _ in range(3):   # every input set is among the checked reps: a replay of one set's output is always seen
-        replay = hw._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+        replay = ht._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
                                  checked="cand", tol=(1e-4, 1e-4))
-        assert any(replay["bad_output"]) and len(replay["bad_output"]) == hw.SPOT_CHECKS
+        assert any(replay["bad_output"]) and len(replay["bad_output"]) == ht.SPOT_CHECKS
     import random
     for n in (1, 2, 3, 30, 300):
-        picks = hw._spot_reps(n, 2, hw.SPOT_CHECKS, random.Random(n))
-        assert len(picks) == min(n, hw.SPOT_CHECKS) and all(0 <= r < n for r in picks)
+        picks = ht._spot_reps(n, 2, ht.SPOT_CHECKS, random.Random(n))
+        assert len(picks) == min(n, ht.SPOT_CHECKS) and all(0 <= r < n for r in picks)
         assert {r % 2 for r in picks} == ({0, 1} if n > 1 else {0})
 
     def overwrite(x):   # a kernel writing where the harness keeps its GPU copies of the reference outputs
@@ -1173,9 +1178,9 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
             obj.fill_(0.0)
         return torch.relu(x)
     gpu_copies = []
-    original = hw._copy_out
-    monkeypatch.setattr(hw, "_copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
-    times = hw._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
+    original = hc._copy_out
+    monkeypatch.setattr(ht, "_copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
+    times = ht._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4))
     assert not times["ref_intact"] and any(times["bad_output"])
 
@@ -1183,10 +1188,10 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
     # sleep after every rep's flush; none without it
     sleeps = []
     monkeypatch.setattr(eh.torch.cuda, "_sleep", sleeps.append, raising=False)
-    hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand", tol=(1e-4, 1e-4))
+    ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand", tol=(1e-4, 1e-4))
     assert sleeps == []
-    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
-                            tol=(1e-4, 1e-4), **hw._timing_rule(dict(eh.DEFAULTS, timing_headroom_us=200)))
+    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+                            tol=(1e-4, 1e-4), **ht._timing_rule(dict(eh.DEFAULTS, timing_headroom_us=200)))
     reps = len(times["ref"]) + len(times["cand"]) + 4   # (+ two warm-up reps per model)
     assert sleeps[:2] == [1000, 10**6] and sleeps[2:] == [2 * 10**6] * reps, (sleeps[:4], len(sleeps), reps)
 
@@ -1220,14 +1225,14 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
                 if recompute:
                     out.copy_(model(*static))
         return Graph(), static, out
-    monkeypatch.setattr(hw, "_capture", capture)
-    rule = hw._timing_rule(eh.DEFAULTS)
+    monkeypatch.setattr(ht, "_capture", capture)
+    rule = ht._timing_rule(eh.DEFAULTS)
     assert rule["graphs"] and rule["adaptive"]   # the defaults
     exclusive, after = lambda: log.append("exclusive"), lambda: log.append("after")  # noqa: E731
-    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), exclusive=exclusive, after=after, **rule)
     assert times["method"] == "graph" and "graph_fallback" not in times and times["ref_intact"]
-    assert times["bad_output"] == [False] * hw.SPOT_CHECKS
+    assert times["bad_output"] == [False] * ht.SPOT_CHECKS
     i, j = log.index("exclusive"), log.index("after")
     assert log.count("exclusive") == 1 and log[:i].count("record") == 2 * 2 * 2   # warm-up: 2 reps x 2 models
     assert log[:i].count("replay") == 2 * 2 + 2 * 2   # the two-set check, then 2 warm-up reps, per model
@@ -1237,29 +1242,29 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     assert log.count("after") == 1 and "replay" not in log[j:] and "record" not in log[j:]
 
     first = torch.relu(trials[0]["inputs"][0])   # a candidate whose output is the first set's, whatever its input
-    replay = hw._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+    replay = ht._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
                              checked="cand", tol=(1e-4, 1e-4), **rule)
     assert replay["method"] == "eager" and "cand" in replay["graph_fallback"] and any(replay["bad_output"])
 
-    monkeypatch.setattr(hw, "_capture", lambda *args: capture(*args, recompute=False))   # not in the graph
-    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    monkeypatch.setattr(ht, "_capture", lambda *args: capture(*args, recompute=False))   # not in the graph
+    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "disagrees" in times["graph_fallback"]
-    assert times["bad_output"] == [False] * hw.SPOT_CHECKS and times["ref_intact"]
+    assert times["bad_output"] == [False] * ht.SPOT_CHECKS and times["ref_intact"]
 
     free[0] = 1000   # the graphs' copies of two models' inputs and outputs (4 x 256 bytes) would not fit
-    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "do not fit" in times["graph_fallback"]
     free[0] = 2**40
 
     def refuse(model, pristine, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(hw, "_capture", refuse)
-    times = hw._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    monkeypatch.setattr(ht, "_capture", refuse)
+    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "not permitted" in times["graph_fallback"]
-    assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * hw.SPOT_CHECKS
+    assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * ht.SPOT_CHECKS
 
 
 def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
@@ -1269,7 +1274,7 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
     torch = eh.torch
     capturing = [False]   # (torch.cuda's own answer needs a CUDA build)
     monkeypatch.setattr(eh.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    instr = hw._Instrumentation("triton", "cpu", "kz_candidate")
+    instr = hi._Instrumentation("triton", "cpu", "kz_candidate")
     timed = instr.recorded_when_captured(lambda x: torch.relu(x) * 2)
     x = torch.randn(8)
     assert torch.equal(timed(x), torch.relu(x) * 2) and not instr.ops   # not capturing: unrecorded
@@ -1282,7 +1287,7 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
 
 
 def _fingerprint(out, key):
-    return hw._host_ints(hw._fingerprint_sums(out, key))
+    return hc._host_ints(hc._fingerprint_sums(out, key))
 
 
 def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeypatch):
@@ -1302,12 +1307,12 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     y.view(-1)[[10, 11]] = y.view(-1)[[11, 10]]   # two words swapped: the weights are positional
     assert _fingerprint(y, key) != fp
     assert _fingerprint(x, key + 1) != fp
-    monkeypatch.setattr(hw, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
+    monkeypatch.setattr(hc, "_FINGERPRINT_CHUNK", 97)   # many steps, a ragged last one
     assert _fingerprint(x, key) == fp
     # the definition, in Python integers: sum of word_i * ((a*i + b) mod p), wrapped to a signed 64-bit value
     import struct
     for k in (key, 2**64 - 1, 0):
-        p = hw._FINGERPRINT_PRIME
+        p = hc._FINGERPRINT_PRIME
         a, b = k % (p - 1) + 1, (k >> 32) % p
         words = struct.unpack(f"<{x.numel()}i", x.numpy().tobytes())
         total = sum(w * ((a * i + b) % p) for i, w in enumerate(words)) % 2**64
@@ -1319,18 +1324,18 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     assert _fingerprint(pair, key) == [fp[0], _fingerprint(pair[1], key)[0]]
     trials = [{"inputs": [], "out": x.clone(), "heavy": False, "fp": (key, fp)},
               {"inputs": [], "out": torch.zeros(3), "heavy": False}]   # (kept on the host: no fingerprint)
-    assert hw._outputs_intact(trials)
+    assert hc._outputs_intact(trials)
     trials[0]["out"][0, 0] += 1
     trials[1]["out"][0] = 5
-    assert not hw._outputs_intact(trials)
+    assert not hc._outputs_intact(trials)
     # several fingerprinted trials are read in one go: a change in any one of them shows
     z = torch.randn(5)
     trials = [{"out": x.clone(), "fp": (key, fp)},
               {"out": (z.clone(), x.clone()), "fp": (key + 1, _fingerprint((z, x), key + 1))}]
-    assert hw._outputs_intact(trials)
+    assert hc._outputs_intact(trials)
     trials[1]["out"][1][999, 6] += 1
-    assert not hw._outputs_intact(trials)
-    assert hw._outputs_intact([]) and hw._host_ints([]) == []
+    assert not hc._outputs_intact(trials)
+    assert hc._outputs_intact([]) and hc._host_ints([]) == []
 
 
 def test_harness_reference_trials_read_their_checks_at_once(monkeypatch):
@@ -1364,7 +1369,7 @@ def test_harness_reference_trials_read_their_checks_at_once(monkeypatch):
         assert mutates == mutating and heavy is True and len(trials) == 3
         assert all(tr["fp"][1] == _fingerprint(tr["out"], tr["fp"][0]) for tr in trials)
     trials, mutates, heavy = run(blows_up)
-    assert len(trials) == 2 and heavy.startswith("skipped") and hw._outputs_intact(trials)
+    assert len(trials) == 2 and heavy.startswith("skipped") and hc._outputs_intact(trials)
 
 
 def test_harness_compare_verdicts_messages_and_error_stats():
@@ -1375,31 +1380,31 @@ def test_harness_compare_verdicts_messages_and_error_stats():
     torch = eh.torch
     cpu = torch.device("cpu")
     r = torch.tensor([1.0, -2.0, 4.0, float("nan")])
-    assert hw._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0,
+    assert hc._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0,
                                                                            "read_with": []})
     flags = [torch.tensor(True), torch.tensor(False)]
-    assert hw._compare(r.clone(), r, cpu, 1e-4, 1e-4, read_with=flags)[3]["read_with"] == [1, 0]
-    kind, _, _, stats = hw._compare(r.half(), r, cpu, 1e-4, 1e-4, read_with=flags)   # (a dtype mismatch: no numbers)
+    assert hc._compare(r.clone(), r, cpu, 1e-4, 1e-4, read_with=flags)[3]["read_with"] == [1, 0]
+    kind, _, _, stats = hc._compare(r.half(), r, cpu, 1e-4, 1e-4, read_with=flags)   # (a dtype mismatch: no numbers)
     assert kind == "mismatch" and stats["read_with"] == [1, 0]
-    kind, _, message, stats = hw._compare((r.clone(), torch.tensor([1, 5])), (r, torch.tensor([1, 2])), cpu, 1e-4,
+    kind, _, message, stats = hc._compare((r.clone(), torch.tensor([1, 5])), (r, torch.tensor([1, 2])), cpu, 1e-4,
                                           1e-4, read_with=flags[:1])   # outputs in order: the integer one differs
     assert kind == "mismatch" and message == "output 1: 1 of 2 values differ" and stats["read_with"] == [1]
     o = r.clone()
     o[0] += 0.5
     o[2] = float("nan")
-    kind, _, message, _ = hw._compare(o, r, cpu, 1e-4, 1e-4)
+    kind, _, message, _ = hc._compare(o, r, cpu, 1e-4, 1e-4)
     assert kind == "mismatch" and "NaN where the reference is not" in message
     o[2] = 4.0 + 1e-5   # within tolerance: only output 0 is outside
-    kind, check, message, stats = hw._compare(o, r, cpu, 1e-4, 1e-4)
+    kind, check, message, stats = hc._compare(o, r, cpu, 1e-4, 1e-4)
     assert (kind, check) == ("mismatch", None) and message.startswith("output 0: 1 of 4 values outside atol=0.0001")
     assert abs(stats["max_abs_err"] - 0.5) < 1e-6 and abs(stats["max_rel_err"] - 0.5) < 1e-6
     pair_ref = (torch.zeros(0), torch.tensor([2.0, 4.0]))
-    kind, _, _, stats = hw._compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
+    kind, _, _, stats = hc._compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
     assert kind is None and 0 < stats["max_abs_err"] < 2e-5
-    kind, _, message, _ = hw._compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
+    kind, _, message, _ = hc._compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
     assert kind == "mismatch" and "1 of 3 values differ" in message
     h = torch.tensor([1.0, 2.0]).half()
-    assert hw._compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
+    assert hc._compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
 
 
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
@@ -1570,14 +1575,14 @@ def test_harness_compare_in_steps_gives_the_numbers_of_one_step(monkeypatch):
     wrong_idx = idx.clone()
     wrong_idx[0, 0], wrong_idx[4, 5] = -1, -2
     cases = [(o, r), (r.clone(), r), (o.half(), r.half()), (wrong_idx, idx), ((o, wrong_idx), (r, idx))]
-    whole = [hw._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases]
-    numbers = [[[float(x) for x in xs] for _, _, xs in hw._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
+    whole = [hc._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases]
+    numbers = [[[float(x) for x in xs] for _, _, xs in hc._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
                for out, ref in cases]
-    monkeypatch.setattr(hw, "_COMPARE_STEP", 8)
-    assert [hw._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases] == whole
-    stepped = [[[float(x) for x in xs] for _, _, xs in hw._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
+    monkeypatch.setattr(hc, "_COMPARE_STEP", 8)
+    assert [hc._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases] == whole
+    stepped = [[[float(x) for x in xs] for _, _, xs in hc._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
                for out, ref in cases]
     assert stepped == numbers
     assert numbers[0][0][0] == 1 and numbers[0][0][3] == 3 and numbers[3][0] == [2.0]   # (what the steps summed)
     assert abs(numbers[0][0][1] - 3.0) < 1e-5   # the largest error sits in the last, short step
-    assert "output 1: 2 of 35 values differ" in hw._compare((r.clone(), wrong_idx), (r, idx), cpu, 1e-4, 1e-4)[2]
+    assert "output 1: 2 of 35 values differ" in hc._compare((r.clone(), wrong_idx), (r, idx), cpu, 1e-4, 1e-4)[2]

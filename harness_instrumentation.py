@@ -1,0 +1,394 @@
+"""harness_instrumentation.py: what the harness installs in a worker before a candidate is imported, and verifies
+after every candidate phase. Runs inside a worker process only (harness_worker.py's stages 2-5).
+
+What it installs (_Instrumentation) and why
+  - An op recorder (a TorchDispatchMode) that counts the aten ops a candidate's forward runs outside a short list of
+    glue ops (_GLUE_OPS: allocation, views, copies): any other is a PyTorch fallback (pitfall 11).
+  - A launch counter on Triton's JITFunction.run (the candidate's own @triton.jit kernels; pitfall 11), and
+    load_inline routed to cuda_ext/build.py's fast cached build, with each build recorded (its kernels' names are
+    what the profiler must find).
+  - The shared GPU turn given back while a Triton kernel compiles (off_gpu) and between two trials when a timer waits
+    (yield_turn): a timer waits for other workers' GPU work only.
+  - Around each candidate call (candidate_call): the caching allocator's free blocks NaN-filled
+    (_poison_cuda_allocator) and deterministic mode's fill of uninitialized memory switched on (pitfall 1).
+
+What it verifies (verify): an identity snapshot of the functions and flags the harness relies on (torch's
+comparisons, timers, Module.__call__, TF32 switches, Triton's launchers, every function of every harness module:
+pitfall 6) and of what the reference's source may call (_reference_reaches: a rebound torch function could slow the
+reference, which is timed after the candidate's import: pitfalls 6 with 15); the flags flipped inside a call; the
+thread count (pitfall 4).
+
+How it departs from KernelBench's eval, which runs the candidate as it is: every item above. Nothing to run:
+harness_worker.py imports it. To a candidate it is part of the harness: static_checks bans importing it, and the
+snapshot covers its own functions too.
+"""
+from __future__ import annotations
+import ast
+import collections
+import contextlib
+import inspect
+import os
+import sys
+import threading
+import time
+import warnings
+
+import torch
+
+from harness_processes import gpu_turn, pass_turn, yield_turn
+from static_checks import HARNESS_MODULES
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The op recorder, the launch counter, the GPU turn around compiles, the poisoned calls
+
+_GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forward counts as a PyTorch fallback
+    # allocation and fills
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
+    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor", "arange", "fill", "fill_",
+    "zero_", "resize_", "set_",
+    # views, layout and copies (data movement, no arithmetic)
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "permute", "transpose", "t", "expand",
+    "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "slice", "narrow", "split",
+    "split_with_sizes", "chunk", "unbind", "alias", "detach", "view_as", "movedim", "contiguous", "clone", "copy_",
+    "_to_copy", "to", "lift_fresh", "cat", "stack", "constant_pad_nd",
+    "is_same_size",
+}   # (not .item(): a Python loop over .item() values is a host-side fallback)
+
+
+class _Instrumentation:
+    """Everything the harness installs in a worker before the candidate is imported, and verifies afterwards."""
+
+    def __init__(self, backend: str, device: str, module_name: str, ref_src: str = ""):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        self.device, self.module_name = device, module_name
+        self.launches = collections.Counter()   # own kernel name -> launches during forward
+        self.ops = collections.Counter()        # non-glue aten ops during forward (outside own launches)
+        self.builds = []                        # load_inline calls: {"name", "cuda_sources"}
+        self.recording, self.paused = False, 0
+        self.turn = None                        # the job's connection while it holds a shared GPU turn
+        self.problems = []                      # deterministic/fill flags flipped inside a candidate call
+        self.poison_s = 0.0                     # seconds spent NaN-filling the allocator before candidate calls
+        instr = self
+
+        def record(mode, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if instr.recording and not instr.paused and name not in _GLUE_OPS:
+                instr.ops[name] += 1
+            return func(*args, **(kwargs or {}))
+        # torch wraps __torch_dispatch__ in a dynamo-disable shim that imports torch._dynamo on first use (about as
+        # long as importing torch itself); marking the function as already wrapped skips that (torch/_compile.py).
+        setattr(record, "__dynamo_disable", record)
+        self.recorder = type("OpRecorder", (TorchDispatchMode,), {"__torch_dispatch__": record})()
+        if backend == "cuda":
+            self._patch_load_inline()
+        if backend == "triton":
+            self._patch_triton_run()
+        self.reaches = _reference_reaches(ref_src)
+        self.snapshot = _harness_snapshot(self.reaches)
+        self.threads = threading.active_count()
+
+    def _patch_load_inline(self) -> None:
+        """Route load_inline to the fast, cached builder of cuda_ext/build.py (it falls back to torch's own build)."""
+        import torch.utils.cpp_extension as cpp
+        from cuda_ext.build import fast_load_inline as build
+        signature = inspect.signature(cpp.load_inline)
+
+        def load_inline(*args, **kwargs):
+            a = signature.bind(*args, **kwargs).arguments
+            sources = a.get("cuda_sources") or []
+            self.builds.append({"name": a.get("name"), "cuda_sources": [sources] if isinstance(sources, str) else list(sources)})
+            module = build(**a)   # by name: positional arguments follow the installed torch's order
+            self.builds[-1]["how"] = getattr(module, "__kz_build__", "torch")   # fast / plain / cached-... / torch
+            return module
+        cpp.load_inline = load_inline
+
+    def _patch_triton_run(self) -> None:
+        """Count launches of the candidate's own @triton.jit kernels (class-level, so kernels defined anywhere in
+        the candidate, autotuned or not, are seen; works under the interpreter too) and pause op recording inside
+        a launch (the interpreter itself runs torch ops on the arguments)."""
+        from triton.runtime.jit import JITFunction
+        classes = [JITFunction]
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        for cls in classes:
+            def run(kernel, *args, _original=cls.run, **kwargs):
+                fn = getattr(kernel, "fn", None)
+                if self.recording and not kwargs.get("warmup") and getattr(fn, "__module__", None) == self.module_name:
+                    self.launches[fn.__name__] += 1
+                with self.unrecorded():
+                    return _original(kernel, *args, **kwargs)
+            cls.run = run
+        if hasattr(JITFunction, "_do_compile"):   # (triton >= 3.3)
+            def do_compile(kernel, *args, _original=JITFunction._do_compile, **kwargs):
+                with self.off_gpu():
+                    return _original(kernel, *args, **kwargs)
+            JITFunction._do_compile = do_compile
+        from triton.runtime.autotuner import Autotuner   # its benchmarking statistics use torch: not a fallback
+        interpreted = len(classes) > 1
+
+        def tune(tuner, *args, _original=Autotuner.run, **kwargs):
+            if interpreted:   # the interpreter cannot benchmark (no driver): correctness only, so take the first config
+                tuner.configs = tuner.configs[:1]
+            with self.unrecorded():
+                return _original(tuner, *args, **kwargs)
+        Autotuner.run = tune
+
+    @contextlib.contextmanager
+    def unrecorded(self):
+        """Torch ops run by Triton itself (launcher, interpreter, autotuner) are not the candidate's: not recorded."""
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
+
+    @contextlib.contextmanager
+    def off_gpu(self):
+        """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
+        the GPU then waits for other candidates' GPU work only, not for their compiles (the writer-preferring
+        harness_processes.Gate)."""
+        if self.turn is None:   # (no shared turn held: e.g. the GPU held alone, keep it)
+            yield
+            return
+        conn, self.turn = self.turn, None
+        pass_turn(conn, self.device, "none")
+        try:
+            yield
+        finally:
+            gpu_turn(conn, "shared")
+            self.turn = conn
+
+    def yield_turn(self) -> None:
+        """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
+        whole check (harness_processes.yield_turn)."""
+        if self.turn is not None:
+            yield_turn(self.turn, self.device)
+
+    @contextlib.contextmanager
+    def candidate_call(self):
+        """One candidate forward: no_grad, NaN-poisoned memory, launches and aten ops recorded."""
+        if self.device == "cuda":
+            clock = time.monotonic()
+            _poison_cuda_allocator()
+            self.poison_s += time.monotonic() - clock
+        det = torch.utils.deterministic
+        saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                 det.fill_uninitialized_memory)
+        # -> torch.empty returns NaN-filled memory. (The C setter: torch.use_deterministic_algorithms also imports
+        # torch._inductor, which imports dynamo: seconds per worker, for a flag inductor does not need here.)
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
+        det.fill_uninitialized_memory = True
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                self.recording = True
+                try:
+                    with self.recorder:
+                        yield
+                    if self.device == "cuda":
+                        torch.cuda.synchronize()
+                finally:
+                    self.recording = False
+            if not (torch.are_deterministic_algorithms_enabled() and det.fill_uninitialized_memory):
+                self.problems.append("deterministic mode / fill_uninitialized_memory switched off during forward")
+        finally:
+            torch._C._set_deterministic_algorithms(saved[0], warn_only=saved[1])
+            det.fill_uninitialized_memory = saved[2]
+
+    def recorded_when_captured(self, model):
+        """`model` as the timing calls it: while its forward is being captured as a CUDA graph (the only time its
+        Python runs during graph timing) its aten ops are recorded as in the trials, so a candidate that computes
+        with PyTorch only while captured is seen; eager reps and replays run unrecorded (the recorder's Python would
+        sit inside the timed window)."""
+        def forward(*args):
+            if not torch.cuda.is_current_stream_capturing():
+                return model(*args)
+            self.recording = True
+            try:
+                with self.recorder:
+                    return model(*args)
+            finally:
+                self.recording = False
+        return forward
+
+    def verify(self) -> tuple[str, str] | None:
+        """(check, message) if the candidate patched the harness's references, flags or started threads."""
+        # Only what existed at the snapshot: a module imported since is not a patch (torch's profiler imports
+        # triton, so a CUDA worker, which does not import it at start, would otherwise see "new" triton functions)
+        now = _harness_snapshot(self.reaches)
+        changed = [k for k, v in self.snapshot.items() if not _same_ref(v, now.get(k))]
+        if changed:
+            check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else "monkeypatch"
+            return check, f"the candidate changed {', '.join(changed[:8])}"
+        if self.problems:
+            return "monkeypatch", self.problems[0]
+        if threading.active_count() > self.threads:
+            return "threads", f"{threading.active_count() - self.threads} new thread(s) still alive"
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The identity snapshot: the harness's functions and flags, and what the reference may call
+
+def _same_ref(a, b) -> bool:
+    return a is b or (type(a) in (bool, str, int, float) and a == b)
+
+
+# Python operators a reference may use on tensors, as the Tensor methods they call
+_OPERATOR_METHODS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__", ast.Div: "__truediv__",
+                     ast.MatMult: "__matmul__", ast.Pow: "__pow__", ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__"}
+
+
+def _static_lookup(owner, name: str):
+    """owner.name found without running anything: for a class, the first class in its MRO that defines it (where an
+    instance's method call finds it); for a module, its own dictionary, then its type's; None if absent. What
+    inspect.getattr_static returns for these owners, at a fraction of its cost: the snapshot runs after every trial."""
+    if owner is None:   # (a torch.nn class the candidate deleted)
+        return None
+    if isinstance(owner, type):
+        return next((vars(k)[name] for k in owner.__mro__ if name in vars(k)), None)
+    found = vars(owner).get(name)
+    return found if found is not None else _static_lookup(type(owner), name)
+
+
+def _reference_reaches(ref_src: str) -> list[str]:
+    """What the reference's forward may call that a candidate could rebind to slow it down (the reference is timed
+    after the candidate's import, in its process: pitfalls 6 and 15): for every name and attribute in the reference's
+    source, the torch function, torch.nn.functional function, Tensor method or torch.nn class of that name (a class
+    with its own methods), plus every torch.nn.functional function (the nn classes call them) and the Tensor methods
+    behind the reference's operators. Looked up without side effects (_static_lookup: no lazy imports); torch's own
+    late rebinding of manual_seed (importing dynamo wraps it) is left out. Keys ("torch.relu"), in a stable order."""
+    import torch.nn.functional as F
+    try:
+        tree = ast.parse(ref_src)
+    except (SyntaxError, ValueError):
+        return []
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {_OPERATOR_METHODS[type(n.op)] for n in ast.walk(tree)
+              if isinstance(n, (ast.BinOp, ast.AugAssign)) and type(n.op) in _OPERATOR_METHODS}
+    names -= {"manual_seed"}
+    if not names:
+        return []
+    reaches = [f"F.{k}" for k, v in sorted(vars(F).items()) if callable(v) and not isinstance(v, type)]
+    for name in sorted(names):
+        for label, owner in (("torch", torch), ("torch.Tensor", torch.Tensor)):
+            obj = _static_lookup(owner, name)
+            if obj is not None and not isinstance(obj, type) and (callable(obj) or hasattr(obj, "__get__")):
+                reaches.append(f"{label}.{name}")
+        cls = _static_lookup(torch.nn, name)
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+            reaches += [f"torch.nn.{name}.{k}" for k, v in sorted(vars(cls).items()) if callable(v)]
+    return reaches
+
+
+def _harness_snapshot(reaches: list[str] = ()) -> dict:
+    """The functions and flags the harness relies on; compared by identity (functions) or value (flags). `reaches`
+    (from _reference_reaches) names what the reference may call: each is looked up again, by the same route."""
+    import builtins
+    import torch.utils.cpp_extension
+    snap = {
+        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isnan": torch.isnan,
+        "torch.isfinite": torch.isfinite, "torch.testing.assert_close": torch.testing.assert_close,
+        "torch.no_grad": torch.no_grad, "torch.exp": torch.exp,   # (not manual_seed: importing dynamo wraps it)
+        "torch.nn.Module.__call__": torch.nn.Module.__call__, "torch.nn.Module._call_impl": torch.nn.Module._call_impl,
+        "time.perf_counter": time.perf_counter, "time.time": time.time, "time.monotonic": time.monotonic,
+        "builtins.isinstance": builtins.isinstance, "builtins.type": builtins.type, "builtins.len": builtins.len,
+        "builtins.max": builtins.max, "builtins.float": builtins.float,
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "torch.utils.cpp_extension.load_inline": torch.utils.cpp_extension.load_inline,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        snap["tf32.matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        snap["tf32.cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
+        snap["matmul.allow_fp16_reduced_precision"] = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+    for name in ("clone", "to", "float", "double", "abs", "max", "sub", "__sub__", "isnan", "equal", "cpu", "detach",
+                 "copy_", "data_ptr", "untyped_storage", "numel", "__eq__", "__torch_function__", "is_floating_point",
+                 "nan_to_num", "all", "any", "item", "shape", "dtype", "device"):
+        snap[f"torch.Tensor.{name}"] = _static_lookup(torch.Tensor, name)   # raw (classmethods too)
+    if torch.cuda.is_available():
+        snap.update({"torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+                     "torch.cuda.Event.record": torch.cuda.Event.record,
+                     "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+                     "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize})
+    if "triton" in sys.modules:
+        from triton.runtime.jit import JITFunction, KernelInterface
+        from triton.runtime.autotuner import Autotuner
+        snap["JITFunction.run"], snap["KernelInterface.__getitem__"] = JITFunction.run, KernelInterface.__getitem__
+        snap["Autotuner.run"] = Autotuner.run
+        if "triton.runtime.interpreter" in sys.modules:
+            snap["InterpretedFunction.run"] = sys.modules["triton.runtime.interpreter"].InterpretedFunction.run
+    # the harness's own functions, in every module of it that runs here (the static check bans importing them, but
+    # a candidate that reached one anyway could patch it): each module's bindings, those it imported from the other
+    import torch.nn.functional as F
+    for key in reaches:   # looked up by its key's route, at the snapshot and again at every check
+        owner, name = key.rsplit(".", 1)
+        where = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}.get(owner) or \
+            _static_lookup(torch.nn, owner.split(".")[-1])
+        snap["reaches " + key] = _static_lookup(where, name)
+    modules = [sys.modules[name] for name in HARNESS_MODULES if name in sys.modules]
+    own = {module.__name__ for module in modules}
+    for module in modules:
+        for name, obj in vars(module).items():
+            if callable(obj) and getattr(obj, "__module__", None) in own:
+                snap[f"{module.__name__}.{name}"] = obj
+    return snap
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The allocator poison: every free block NaN-filled before a candidate call
+
+_SMALL_REQUEST_MAX = 1 << 20   # torch's caching allocator serves requests of <= 1 MiB from its small pool
+
+
+def _free_block_requests(snapshot: list[dict], stream: int) -> tuple[list[int], bool]:
+    """Sizes to request on `stream` so that each free block of the caching allocator (torch.cuda.memory_snapshot())
+    that such a request can get is taken: its own size (the allocator's best fit), except for a small segment's free
+    block over 1 MiB (small segments are 2 MiB), which a request of its size would miss: that request goes to the
+    large pool. Such a block is asked for in 1 MiB, and the second value says so: what it leaves free is taken in
+    another pass. Blocks of other streams and of CUDA graphs' private pools are left out: a request on this stream
+    never gets them, so asking for their sizes would only make new segments (and another pass, every time)."""
+    requests, split = [], False
+    for segment in snapshot:
+        if segment["stream"] != stream or tuple(segment["segment_pool_id"]) != (0, 0):
+            continue
+        for block in segment["blocks"]:
+            if block["state"] != "inactive":
+                continue
+            if segment["segment_type"] == "small" and block["size"] > _SMALL_REQUEST_MAX:
+                requests.append(_SMALL_REQUEST_MAX)
+                split = True
+            else:
+                requests.append(block["size"])
+    return requests, split
+
+
+def _poison_cuda_allocator() -> None:
+    """Fill every free block of the caching allocator with NaN, so that memory a candidate gets without a fill (raw
+    storage, a C++ allocation) holds no stale result, such as the reference's freed output (pitfall #1). Each free
+    block this stream's requests can get is taken by asking for its size (the allocator's best fit), filled, and
+    given back: no driver call. (A CUDA graph's private pool holds only what its capture allocated; another
+    stream's blocks, only what was allocated there: the reference's outputs are made on this stream.) A small
+    segment's free block over 1 MiB is taken in pieces, one more pass each (at most four; two suffice, since
+    small segments are 2 MiB). Memory the cache has not got comes fresh from cudaMalloc, and this process never
+    returned any to the driver before the candidate's calls (no empty_cache), so no old result of ours can be in it.
+    No host sync first: the fills are ordered on the stream after whatever used those blocks last, and a free
+    deferred by record_stream (not complete yet, so not in the cache) can only be the candidate's own tensor: the
+    harness never records one."""
+    torch.empty(1, device="cuda")   # an allocation first: completed record_stream frees become free blocks
+    held, stream = [], torch.cuda.current_stream().cuda_stream
+    for _ in range(4):   # all blocks are held until the end, so each pass sees only what the last one left free
+        requests, split = _free_block_requests(torch.cuda.memory_snapshot(), stream)
+        for size in sorted(requests, reverse=True):
+            t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            t[: size // 4 * 4].view(torch.float32).fill_(float("nan"))
+            held.append(t)
+        if not split:   # nothing was taken in pieces: no block is left over
+            break
+    del held   # back to the cache, NaN-filled
