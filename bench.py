@@ -16,6 +16,8 @@ Sections:
       load_inline (default flags, fresh build directories), each build in its own fresh process, `parallel_builds`
       builds of one kind at a time (each build runs ~2 compiler processes, so 5 at a time fit 16 cores). Median and
       ratio. The precompiled header that fast builds use is built once per machine first and reported separately.
+      `--cold-stream c10` launches the elementwise ones on PyTorch's current stream, as the one-shot example does
+      (what its header costs a build: run both ways in one call).
   (b) warm: the same source again in a new process (fast: a cache hit, the .so is imported directly; plain: ninja
       finds nothing to do).
   (c) throughput: 32 CUDA + 32 Triton candidates (correct, wrong, not compiling, mixed) through
@@ -118,6 +120,8 @@ class Config:
     sections: str = "cold,warm,throughput,stability"  # comma-separated subset of the harness sections to run
     cold_candidates: int = 5         # (a) different CUDA candidates, each built cold with fast and with plain
     parallel_builds: int = 5         # (a) builds of one kind running at once (1 = strictly one after another)
+    cold_stream: str = ""            # (a) the elementwise candidates launch on PyTorch's current stream: "c10" (the
+    #                                  one-shot example's <c10/cuda/CUDAStream.h>) or "aten"; "": the legacy stream
     throughput_backends: str = "cuda,triton"  # (c) which backends (one command each fits the GPU machine's 10 min)
     cuda_candidates: int = 32        # (c) CUDA candidates through the Evaluator
     triton_candidates: int = 32      # (c) Triton candidates through the Evaluator
@@ -267,9 +271,11 @@ def get_init_inputs():
 
 
 def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: bool, cuda_flags: list,
-                     stream: bool = False) -> dict:
+                     stream: str = "") -> dict:
     """load_inline pieces of an elementwise CUDA candidate; `label` says how it is broken ("ok": not). `stream`:
-    launch on at::cuda::getCurrentCUDAStream() (a common pattern; needs <ATen/cuda/CUDAContext.h>)."""
+    launch on PyTorch's current stream, "aten": at::cuda::getCurrentCUDAStream() (a common pattern; needs
+    <ATen/cuda/CUDAContext.h>), "c10": c10::cuda::getCurrentCUDAStream() from <c10/cuda/CUDAStream.h> (what the
+    one-shot example teaches); "": the legacy default stream (<<<grid, block>>>)."""
     expr = OPS[WRONG_OP[op] if label == "wrong" else op][1]
     end = ";" if label != "fail" else ""   # "fail": a missing semicolon, a compile error
     if grid_stride:
@@ -281,8 +287,12 @@ def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: b
         loop = (f"int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) {{\n"
                 f"        float x = a[i], y = b[i];\n        out[i] = {expr}{end}\n    }}")
         blocks = f"(n + {threads} - 1) / {threads}"
-    include = "#include <ATen/cuda/CUDAContext.h>\n" if stream else ""
-    launch = f"<<<{blocks}, {threads}, 0, at::cuda::getCurrentCUDAStream()>>>" if stream else f"<<<{blocks}, {threads}>>>"
+    if stream not in ("", "aten", "c10"):
+        raise ValueError(f"stream must be '', 'aten' or 'c10', not {stream!r}")
+    include = {"aten": "#include <ATen/cuda/CUDAContext.h>\n",
+               "c10": "#include <c10/cuda/CUDAStream.h>\n"}.get(stream, "")
+    namespace = {"aten": "at", "c10": "c10"}.get(stream)
+    launch = f"<<<{blocks}, {threads}" + (f", 0, {namespace}::cuda::getCurrentCUDAStream()>>>" if stream else ">>>")
     cuda = f"""#include <torch/extension.h>
 {include}
 __global__ void ew_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int64_t n) {{
@@ -441,7 +451,7 @@ def candidates(backend: str, count: int, tag: str, seed: int = 0, n: int = 1 << 
             op = list(OPS)[j % len(OPS)]
             ref = ref_elementwise(op, n)
             cand = (cuda_module(cuda_elementwise(op, t, label, threads, j % 2 == 0, ["-O3", "--use_fast_math"][: j % 3],
-                                                 stream=j % 3 == 1))
+                                                 stream="aten" if j % 3 == 1 else ""))
                     if backend == "cuda" else triton_elementwise(op, t, label, (1024, 2048, 4096)[j % 3]))
         out.append((ref, cand, label))
     return out
@@ -520,7 +530,7 @@ def bench_cold_warm(cfg: Config, tag: str, sections: set) -> None:
             pieces.append(cuda_rowsum(f"{tag}-cold{i}", "ok", (128, 256, 512)[i % 3], ["-O3"] if i % 2 else []))
         else:
             pieces.append(cuda_elementwise(list(OPS)[i % 4], f"{tag}-cold{i}", "ok", (128, 256, 512)[i % 3],
-                                           i % 2 == 0, ["-O3", "--use_fast_math"][: i % 3]))
+                                           i % 2 == 0, ["-O3", "--use_fast_math"][: i % 3], stream=cfg.cold_stream))
     root = tempfile.mkdtemp(prefix="kzbench_builds_")
     jobs = {mode: [dict(p, mode=mode, root=os.path.join(root, f"{mode}{i}")) for i, p in enumerate(pieces)]
             for mode in ("plain", "fast")}
@@ -542,8 +552,9 @@ def bench_cold_warm(cfg: Config, tag: str, sections: set) -> None:
         table("(a) median seconds per ninja step (the two compiles run in parallel; the link waits for both)",
               ["mode", *steps], [[m, *[statistics.median([r["steps"].get(k, 0.0) for r in results[m]]) for k in steps]]
                                  for m in results])
-        record(cfg, "cold", {"pch_build_s": pch_s, "parallel_builds": cfg.parallel_builds, "median_plain_s": med["plain"],
-                             "median_fast_s": med["fast"], "ratio": med["fast"] / med["plain"], "builds": results})
+        record(cfg, "cold", {"pch_build_s": pch_s, "parallel_builds": cfg.parallel_builds, "stream": cfg.cold_stream,
+                             "median_plain_s": med["plain"], "median_fast_s": med["fast"],
+                             "ratio": med["fast"] / med["plain"], "builds": results})
     if "warm" in sections:
         if "cold" not in sections:   # warm needs something built
             in_fresh_processes([jobs["fast"][0], jobs["plain"][0]], 2)

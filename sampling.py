@@ -399,7 +399,8 @@ BACKEND_RULES = {
                "from ModelNew.forward. fp32 `tl.dot` must pass `input_precision=\"ieee\"` (TF32 misses the 1e-4 "
                "tolerance)."),
     "cuda": ("Write CUDA kernels as strings compiled with `torch.utils.cpp_extension.load_inline` and call them from "
-             "ModelNew.forward."),
+             "ModelNew.forward. Launch them on PyTorch's current stream (`c10::cuda::getCurrentCUDAStream()`, from "
+             "`<c10/cuda/CUDAStream.h>`)."),
 }
 
 

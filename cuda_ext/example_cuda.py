@@ -1,5 +1,6 @@
 """One-shot example for the Coder's prompt (CUDA): ModelNew for cuda_ext/example_ref.py, an elementwise add kernel
-compiled with torch.utils.cpp_extension.load_inline (KernelBench style)."""
+compiled with torch.utils.cpp_extension.load_inline (KernelBench style, except that the kernel launches on
+PyTorch's current stream: the harness can then time it as a CUDA graph replay)."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -7,6 +8,7 @@ from torch.utils.cpp_extension import load_inline
 cuda_source = r"""
 #include <torch/extension.h>
 #include <cuda_runtime.h>
+#include <c10/cuda/CUDAStream.h>
 
 __global__ void elementwise_add_kernel(const float* __restrict__ a, const float* __restrict__ b,
                                        float* __restrict__ out, int64_t n) {
@@ -26,7 +28,11 @@ torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b) {
     int64_t n = a.numel();
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
-    elementwise_add_kernel<<<blocks, threads>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
+    // launch on PyTorch's current stream (not the legacy default stream): ordered with PyTorch's own work, and
+    // a CUDA graph can capture it
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    elementwise_add_kernel<<<blocks, threads, 0, stream>>>(a.data_ptr<float>(), b.data_ptr<float>(),
+                                                           out.data_ptr<float>(), n);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "kernel launch failed: ", cudaGetErrorString(err));
     return out;

@@ -24,6 +24,9 @@ How it departs from KernelZero.
        textbook tiled GEMM): the SFT stage teaches the format and correctness, RL is left to find speed.
     3. No pair equals a held-out level1/level2 task: a module whose normalised AST (catalog.normalized_source_hash,
        numeric constants ignored) matches a task is re-drawn, and so is an exact duplicate of an earlier pair.
+    4. CUDA kernels launch on PyTorch's current stream (c10::cuda::getCurrentCUDAStream()), as the one-shot example
+       does: a launch on the legacy default stream cannot be captured in a CUDA graph, and the harness then times
+       it eagerly, with the host's launch latency inside the timed window.
 
 Run it (deterministic from --seed; failures are dropped and counted in DIR/stats.json):
     python -m kernelbench_tasks.synth --n 2000 --backend triton --out runs/synth_triton --seed 0    # CPU: interpreter
@@ -438,9 +441,12 @@ def render_cuda(spec, name):
     sig = f"fused_forward({', '.join(params)})"
     tensors = [p.split()[-1] for p in params if p.startswith("torch::Tensor")]
     cuda = "\n".join([
-        "#include <torch/extension.h>", "", kernel, f"torch::Tensor {sig} {{",
+        "#include <torch/extension.h>", "#include <c10/cuda/CUDAStream.h>", "", kernel, f"torch::Tensor {sig} {{",
         '    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32, "x must be a float32 CUDA tensor");',
-        *[f"    {t} = {t}.contiguous();" for t in tensors], *host,
+        *[f"    {t} = {t}.contiguous();" for t in tensors],
+        # launched on PyTorch's current stream, as the one-shot example teaches: the harness can then time the
+        # kernel as a CUDA graph replay (the legacy default stream cannot be captured: timed eagerly, noisier)
+        "    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream", *host,
         "    cudaError_t err = cudaGetLastError();",
         '    TORCH_CHECK(err == cudaSuccess, "kernel launch failed: ", cudaGetErrorString(err));', "    return out;",
         "}", ""])
@@ -462,8 +468,8 @@ def _cuda_elementwise(spec, inputs):
                         "int64_t dim) {", "    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;",
                         "    if (i >= n) return;", "    float v = x[i];", *steps, "    out[i] = v;", "}", ""])
     host = ["    auto out = torch::empty_like(x);", "    int64_t n = x.numel();",
-            f"    fused_kernel<<<(n + 255) / 256, 256>>>({''.join(a + '.data_ptr<float>(), ' for a in inputs)}"
-            "out.data_ptr<float>(), n, x.size(-1));"]
+            "    fused_kernel<<<(n + 255) / 256, 256, 0, stream>>>("
+            f"{''.join(a + '.data_ptr<float>(), ' for a in inputs)}out.data_ptr<float>(), n, x.size(-1));"]
     return kernel, [f"torch::Tensor {a}" for a in inputs], inputs, host
 
 
@@ -515,7 +521,7 @@ def _cuda_rows(spec, inputs):
         out = ["    auto out = torch::empty_like(x);"]
     ptrs = "".join(f"{a}.data_ptr<float>(), " for a in inputs + norm_params)
     host = out + ["    int64_t n_cols = x.size(-1);", "    int64_t n_rows = x.numel() / n_cols;",
-                  f"    fused_rows_kernel<<<(unsigned)n_rows, 256>>>({ptrs}out.data_ptr<float>(), n_cols"
+                  f"    fused_rows_kernel<<<(unsigned)n_rows, 256, 0, stream>>>({ptrs}out.data_ptr<float>(), n_cols"
                   f"{', (float)eps' if eps else ''});"]
     params = [f"torch::Tensor {a}" for a in inputs + norm_params] + (["double eps"] if eps else [])
     return kernel, params, inputs + NORM_PARAMS.get(op, []) + (["self.norm.eps"] if eps else []), host
@@ -548,8 +554,8 @@ def _cuda_gemm(spec, inputs):
             "    auto sizes = x.sizes().vec();", "    sizes.back() = N;",
             "    auto out = torch::empty(sizes, x.options());",
             "    dim3 grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE);",
-            "    gemm_epilogue_kernel<<<grid, dim3(TILE, TILE)>>>(x.data_ptr<float>(), w.data_ptr<float>(),",
-            "                                                    b.data_ptr<float>(), out.data_ptr<float>(), M, N, K);"]
+            "    gemm_epilogue_kernel<<<grid, dim3(TILE, TILE), 0, stream>>>(x.data_ptr<float>(), w.data_ptr<float>(),",
+            " " * 63 + "b.data_ptr<float>(), out.data_ptr<float>(), M, N, K);"]
     py_args = ["x", "self.linear.weight", "self.linear.bias"] if linear else ["x", "weight", "bias"]
     return kernel, ["torch::Tensor x", "torch::Tensor w", "torch::Tensor b"], py_args, host
 

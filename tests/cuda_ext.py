@@ -272,11 +272,18 @@ def test_cudabuild_unusual_sources_go_straight_to_plain(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compile only, no GPU)")
 def test_cudabuild_prelude_compiles_with_nvcc(tmp_path):
-    """The fast .cu of the one-shot example compiles with nvcc and torch's flags (~30 s of CPU)."""
+    """The fast .cu of the one-shot example compiles with nvcc and torch's flags (~30 s of CPU). A CPU build of
+    torch ships c10/cuda's headers without the one its build generates (c10/cuda/impl/cuda_cmake_macros.h): there
+    the example's launch on the current stream goes back to the legacy one, and the prelude is what is compiled."""
     from torch.utils import cpp_extension
     inc = build.torch_include_dir()
     cu = tmp_path / "cuda.cu"
-    cu.write_text(build.fast_cuda_source([_cudabuild_example_pieces()["cuda_sources"]]))
+    source = _cudabuild_example_pieces()["cuda_sources"]
+    if torch.version.cuda is None:
+        source = re.sub(r"#include <c10/cuda/CUDAStream.h>\n|.*cudaStream_t stream = .*\n", "",
+                        source).replace(", 0, stream>>>", ">>>")
+        assert "getCurrentCUDAStream" not in source and "stream>>>" not in source
+    cu.write_text(build.fast_cuda_source([source]))
     cmd = (["nvcc", "-DTORCH_EXTENSION_NAME=elementwise_add", "-DTORCH_API_INCLUDE_EXTENSION_H",
             "-isystem", inc, "-isystem", os.path.join(inc, "torch", "csrc", "api", "include"),
             "-isystem", sysconfig.get_path("include")] + cpp_extension.COMMON_NVCC_FLAGS
@@ -295,6 +302,15 @@ def test_cudabuild_bench_candidates_are_distinct_and_labelled():
     assert {"ok", "wrong", "fail"} == set(labels) and labels.count("ok") >= 10
     other_run = bench.candidates("cuda", 10, "u", n=4096, rows=8, cols=64)
     assert not {c for _, c, _ in other_run} & {c for _, c, _ in pairs}   # the run tag changes every source
+    # the cold section's --cold-stream: the launch and its header as the one-shot example (c10) or ATen write them
+    for stream, header, call in (("c10", "c10/cuda/CUDAStream.h", "c10::cuda::getCurrentCUDAStream()"),
+                                 ("aten", "ATen/cuda/CUDAContext.h", "at::cuda::getCurrentCUDAStream()")):
+        src = bench.cuda_elementwise("add", "t", "ok", 256, False, [], stream=stream)["cuda_sources"]
+        assert f"#include <{header}>" in src and f"<<<(n + 256 - 1) / 256, 256, 0, {call}>>>" in src, stream
+    legacy = bench.cuda_elementwise("add", "t", "ok", 256, False, [])["cuda_sources"]
+    assert "<<<(n + 256 - 1) / 256, 256>>>" in legacy and "getCurrentCUDAStream" not in legacy
+    with pytest.raises(ValueError):
+        bench.cuda_elementwise("add", "t", "ok", 256, False, [], stream="at")
 
 
 def test_cudabuild_bench_triton_candidates_get_their_labels_on_cpu():
@@ -337,8 +353,8 @@ def test_cudabuild_gpu_fast_build_runs_and_matches(tmp_path):
 def test_cudabuild_gpu_source_that_fails_plain_fails_fast(tmp_path):
     """A kernel that uses the CUDA stream API without including its header: plain fails, so fast must too."""
     pieces = _cudabuild_example_pieces()
-    pieces["cuda_sources"] = pieces["cuda_sources"].replace(
-        "<<<blocks, threads>>>", "<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>")
+    assert "#include <c10/cuda/CUDAStream.h>\n" in pieces["cuda_sources"]
+    pieces["cuda_sources"] = pieces["cuda_sources"].replace("#include <c10/cuda/CUDAStream.h>\n", "")
     with pytest.raises(RuntimeError):
         build.PLAIN_LOAD_INLINE(**pieces, build_directory=str(tmp_path))
     with pytest.raises(RuntimeError):
@@ -354,3 +370,6 @@ def test_cudabuild_gpu_examples_are_correct_candidates():
         cand = open(os.path.join(ROOT, "cuda_ext", f"example_{backend}.py")).read()
         result = eval_harness.evaluate(ref, cand, backend=backend)
         assert result.error_kind == "ok", (backend, result.error)
+        # both launch on PyTorch's current stream (CUDA: c10::cuda::getCurrentCUDAStream()), so both are timed as
+        # CUDA graph replays, with no host latency inside the timed window
+        assert result.details["timing_method"] == "graph", (backend, result.details)

@@ -323,6 +323,38 @@ def _solutions_load_inline_names(src):
             for kw in node.keywords if kw.arg == "name" and isinstance(kw.value, ast.Constant)]
 
 
+def _legacy_stream_launches(cuda_src: str) -> list[str]:
+    """The kernel launches in a CUDA source that do not go to PyTorch's current stream: every <<<...>>> must pass a
+    fourth argument `stream`, declared from c10::cuda::getCurrentCUDAStream() (its header included). A launch on the
+    legacy default stream (<<<grid, block>>>) cannot be captured in a CUDA graph, so the harness times it eagerly,
+    with the host's launch latency inside the timed window: the noisier speedup."""
+    launches = re.findall(r"<<<(.*?)>>>", cuda_src, re.S)
+    bad = [f"<<<{a}>>>" for a in launches if [x.strip() for x in a.split(",")][-1] != "stream" or a.count(",") < 3]
+    if launches and not ("#include <c10/cuda/CUDAStream.h>" in cuda_src
+                         and "cudaStream_t stream = c10::cuda::getCurrentCUDAStream();" in cuda_src):
+        bad.append("no `cudaStream_t stream = c10::cuda::getCurrentCUDAStream();` (and its header)")
+    return bad
+
+
+def test_solutions_cuda_sources_we_teach_launch_on_the_current_stream():
+    """What a Coder learns CUDA from (the one-shot example, the golden solutions, the synthetic SFT pairs) launches
+    its kernels on PyTorch's current stream, so that its answers are timed as CUDA graph replays. The rule itself
+    sees a legacy launch and a missing declaration."""
+    sources = {"cuda_ext/example_cuda.py": open(os.path.join(ROOT, "cuda_ext", "example_cuda.py")).read()}
+    sources.update({name: _solutions_read(os.path.join(SOLUTIONS, level, name))
+                    for level, name in _solutions_files() if name.endswith("_cuda.py")})
+    pairs, _ = synth.generate_pairs(40, "cuda", seed=11, verify=False)
+    sources.update({f"synth {p['kind']} {i}": p["solution"] for i, p in enumerate(pairs)})
+    assert len(sources) == 1 + 21 + 40 and {p["kind"] for p in pairs} >= {"elementwise", "gemm", "norm"}
+    for where, src in sources.items():
+        cuda_src = re.search(r'cuda_source = r"""(.*?)"""', src, re.S).group(1)
+        assert "<<<" in cuda_src and not _legacy_stream_launches(cuda_src), (where, _legacy_stream_launches(cuda_src))
+    example = sources["cuda_ext/example_cuda.py"]
+    assert _legacy_stream_launches(example.replace(", 0, stream>>>", ">>>")) == ["<<<blocks, threads>>>"]
+    assert _legacy_stream_launches(example.replace("cudaStream_t stream = c10::cuda::getCurrentCUDAStream();",
+                                                   "cudaStream_t stream = 0;"))
+
+
 def test_solutions_sources_follow_the_backend_rules():
     """ModelNew in every file; CUDA: load_inline with a unique name and torch/extension.h first; Triton: an
     @triton.jit kernel, and fp32 tl.dot only with input_precision="ieee" (TF32 misses 1e-4 on the GPU)."""
@@ -378,7 +410,8 @@ def test_solutions_triton_golden_ok_on_cpu(task):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 def test_solutions_golden_ok_on_gpu(backend, capsys):
-    """`eval_harness.py run` over every golden solution of a backend: every verdict ok; speedups printed."""
+    """`eval_harness.py run` over every golden solution of a backend: every verdict ok and timed as CUDA graph
+    replays (the CUDA ones launch on PyTorch's current stream); speedups printed."""
     speedups, failures = {}, []
     for level in ("level1", "level2"):
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "eval_harness.py"), "run",
@@ -392,6 +425,9 @@ def test_solutions_golden_ok_on_gpu(backend, capsys):
             speedups[key] = [row["speedup"], row["runtime_ms"], row["ref_runtime_ms"]]
             if row["error_kind"] != "ok":
                 failures.append(f"{key}: {row['error_kind']}: {row['error'][:500]}")
+            elif row["details"].get("timing_method") != "graph":   # every golden solution launches on the current
+                failures.append(f"{key}: timed {row['details'].get('timing_method')}: "   # stream: capturable
+                                f"{row['details'].get('graph_fallback')}")
             with capsys.disabled():   # at once: a run cut by a time limit still shows what it got
                 print(f"[golden {backend}] {key} {row['error_kind']} {speedups[key]} {row['error'][:300]!r}", flush=True)
         seen = {row["solution"] for row in rows}

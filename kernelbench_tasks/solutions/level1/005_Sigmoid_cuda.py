@@ -11,6 +11,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 __global__ void sigmoid_kernel(const float* __restrict__ x, float* __restrict__ y,
                                int64_t n) {
@@ -28,7 +29,8 @@ torch::Tensor sigmoid_forward(torch::Tensor x) {
     int64_t n = x.numel();
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
-    sigmoid_kernel<<<blocks, threads>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    sigmoid_kernel<<<blocks, threads, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "sigmoid_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -10,6 +10,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 __global__ void leaky_relu_kernel(const float* __restrict__ x, float* __restrict__ y,
                                   int64_t n, float negative_slope) {
@@ -27,7 +28,9 @@ torch::Tensor leaky_relu_forward(torch::Tensor x, double negative_slope) {
     int64_t n = x.numel();
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
-    leaky_relu_kernel<<<blocks, threads>>>(x.data_ptr<float>(), y.data_ptr<float>(), n, (float)negative_slope);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    leaky_relu_kernel<<<blocks, threads, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n,
+                                                      (float)negative_slope);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "leaky_relu_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -13,6 +13,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 constexpr int COLS = 32;   // inner columns per block (threadIdx.x)
 constexpr int SLICES = 8;  // R slices per block (threadIdx.y)
@@ -41,7 +42,8 @@ torch::Tensor sum_dim_forward(torch::Tensor x, int64_t outer, int64_t R, int64_t
     auto y = torch::empty({outer, inner}, x.options());
     dim3 block(COLS, SLICES);
     dim3 grid((unsigned)((inner + COLS - 1) / COLS), (unsigned)outer);
-    sum_dim_kernel<<<grid, block>>>(x.data_ptr<float>(), y.data_ptr<float>(), R, inner);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    sum_dim_kernel<<<grid, block, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), R, inner);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "sum_dim_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -9,6 +9,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // max that propagates NaN, as torch.max does (fmaxf(NaN, x) returns x).
 __device__ float nan_max(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -47,7 +48,8 @@ torch::Tensor max_rows_forward(torch::Tensor x) {
     auto out_sizes = x.sizes().vec();
     out_sizes.pop_back();
     auto y = torch::empty(out_sizes, x.options());
-    max_rows_kernel<<<(unsigned)n_rows, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n_cols);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    max_rows_kernel<<<(unsigned)n_rows, 256, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n_cols);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "max_rows_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -11,6 +11,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Warp and block reductions: every thread of the block gets the result; blockDim.x must be a multiple of 32.
 __device__ float warp_sum(float v) {
@@ -69,7 +70,8 @@ torch::Tensor log_softmax_forward(torch::Tensor x) {
     auto y = torch::empty_like(x);
     int64_t n_cols = x.size(-1);
     int64_t n_rows = x.numel() / n_cols;
-    log_softmax_kernel<<<(unsigned)n_rows, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n_cols);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    log_softmax_kernel<<<(unsigned)n_rows, 256, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n_cols);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "log_softmax_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -11,6 +11,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Tiled fp32 GEMM: each 16 x 16 block computes a 64 x 64 tile of C, each thread a 4 x 4 sub-tile at rows
 // ty + 16 i and columns tx + 16 j (strided so that shared-memory reads are conflict-free and stores coalesced).
@@ -78,7 +79,8 @@ torch::Tensor matmul_forward(torch::Tensor A, torch::Tensor B) {
     auto C = torch::empty({M, N}, A.options());
     dim3 block(THREADS, THREADS);
     dim3 grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE);
-    matmul_kernel<<<grid, block>>>(A.data_ptr<float>(), B.data_ptr<float>(), C.data_ptr<float>(), M, N, K);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    matmul_kernel<<<grid, block, 0, stream>>>(A.data_ptr<float>(), B.data_ptr<float>(), C.data_ptr<float>(), M, N, K);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "matmul_kernel launch failed: ", cudaGetErrorString(err));
     return C;

@@ -12,6 +12,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 constexpr int THREADS = 1024;
 
@@ -56,7 +57,9 @@ torch::Tensor cumsum_forward(torch::Tensor x) {
     int64_t n_cols = x.size(-1);
     int64_t n_rows = x.numel() / n_cols;
     int64_t per_thread = (n_cols + THREADS - 1) / THREADS;
-    cumsum_kernel<<<(unsigned)n_rows, THREADS>>>(x.data_ptr<float>(), y.data_ptr<float>(), n_cols, per_thread);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    cumsum_kernel<<<(unsigned)n_rows, THREADS, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n_cols,
+                                                            per_thread);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "cumsum_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -11,6 +11,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Tiled fp32 GEMM: each 16 x 16 block computes a 64 x 64 tile of C, each thread a 4 x 4 sub-tile at rows
 // ty + 16 i and columns tx + 16 j (strided so that shared-memory reads are conflict-free and stores coalesced).
@@ -124,8 +125,9 @@ torch::Tensor matmul_softmax_forward(torch::Tensor A, torch::Tensor B) {
     auto y = torch::empty({M, N}, A.options());
     dim3 block(THREADS, THREADS);
     dim3 grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE);
-    matmul_kernel<<<grid, block>>>(A.data_ptr<float>(), B.data_ptr<float>(), y.data_ptr<float>(), M, N, K);
-    softmax_rows_inplace_kernel<<<M, 256>>>(y.data_ptr<float>(), N);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    matmul_kernel<<<grid, block, 0, stream>>>(A.data_ptr<float>(), B.data_ptr<float>(), y.data_ptr<float>(), M, N, K);
+    softmax_rows_inplace_kernel<<<M, 256, 0, stream>>>(y.data_ptr<float>(), N);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "matmul_softmax launch failed: ", cudaGetErrorString(err));
     return y;

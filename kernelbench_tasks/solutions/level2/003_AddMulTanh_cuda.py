@@ -9,6 +9,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 __global__ void add_mul_tanh_kernel(const float* __restrict__ a, const float* __restrict__ b,
                                     const float* __restrict__ c, float* __restrict__ y, int64_t n) {
@@ -26,7 +27,8 @@ torch::Tensor add_mul_tanh_forward(torch::Tensor a, torch::Tensor b, torch::Tens
     int64_t n = a.numel();
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
-    add_mul_tanh_kernel<<<blocks, threads>>>(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(),
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    add_mul_tanh_kernel<<<blocks, threads, 0, stream>>>(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(),
                                              y.data_ptr<float>(), n);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "add_mul_tanh_kernel launch failed: ", cudaGetErrorString(err));

@@ -11,6 +11,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Warp and block sums: every thread of the block gets the result; blockDim.x must be a multiple of 32.
 __device__ float warp_sum(float v) {
@@ -55,7 +56,8 @@ torch::Tensor residual_rms_norm_forward(torch::Tensor x, torch::Tensor r, torch:
     auto y = torch::empty_like(x);
     int64_t n_cols = x.size(-1);
     int64_t n_rows = x.numel() / n_cols;
-    residual_rms_norm_kernel<<<(unsigned)n_rows, 256>>>(x.data_ptr<float>(), r.data_ptr<float>(),
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    residual_rms_norm_kernel<<<(unsigned)n_rows, 256, 0, stream>>>(x.data_ptr<float>(), r.data_ptr<float>(),
                                                         w.data_ptr<float>(), y.data_ptr<float>(), n_cols,
                                                         (float)eps);
     cudaError_t err = cudaGetLastError();

@@ -9,6 +9,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Warp and block sums: every thread of the block gets the result; blockDim.x must be a multiple of 32.
 __device__ float warp_sum(float v) {
@@ -50,8 +51,9 @@ torch::Tensor silu_mul_sum_forward(torch::Tensor x, torch::Tensor g) {
     auto out_sizes = x.sizes().vec();
     out_sizes.pop_back();
     auto y = torch::empty(out_sizes, x.options());
-    silu_mul_sum_kernel<<<(unsigned)n_rows, 256>>>(x.data_ptr<float>(), g.data_ptr<float>(), y.data_ptr<float>(),
-                                                   n_cols);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    silu_mul_sum_kernel<<<(unsigned)n_rows, 256, 0, stream>>>(x.data_ptr<float>(), g.data_ptr<float>(),
+                                                              y.data_ptr<float>(), n_cols);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "silu_mul_sum_kernel launch failed: ", cudaGetErrorString(err));
     return y;

@@ -12,6 +12,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Tiled fp32 GEMM: each 16 x 16 block computes a 64 x 64 tile of C, each thread a 4 x 4 sub-tile at rows
 // ty + 16 i and columns tx + 16 j (strided so that shared-memory reads are conflict-free and stores coalesced).
@@ -82,7 +83,8 @@ torch::Tensor gemm_bias_gelu_forward(torch::Tensor x, torch::Tensor w, torch::Te
     auto y = torch::empty({M, N}, x.options());
     dim3 block(THREADS, THREADS);
     dim3 grid((N + TILE - 1) / TILE, (M + TILE - 1) / TILE);
-    gemm_bias_gelu_kernel<<<grid, block>>>(x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();   // PyTorch's current stream
+    gemm_bias_gelu_kernel<<<grid, block, 0, stream>>>(x.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
                                   y.data_ptr<float>(), M, N, K);
     cudaError_t err = cudaGetLastError();
     TORCH_CHECK(err == cudaSuccess, "gemm_bias_gelu_kernel launch failed: ", cudaGetErrorString(err));
