@@ -4,11 +4,12 @@ only (harness_worker.py's stage 5, _time_candidate, which owns the GPU turns and
 The rule (README, "How a kernel is timed", has it with its measurements)
   Reference and candidate are timed in the candidate's process, interleaved rep by rep (who goes first rotates), on
   the same two input sets. Each model's forward is captured once as a CUDA graph and replayed between two CUDA
-  events; where either cannot be captured, or a replay does not reproduce the reference outputs, both are called
-  eagerly with a device-wide synchronize before the end event. Before every rep a 256 MB buffer is zeroed (an L2
-  flush). Reps go on until both medians' 95% confidence intervals are within `ci` (2%) of them, at least
-  `min_reps`, at most 300 reps or `budget_s` of wall time. A few unpredictable reps have the candidate's output
-  compared with the reference's.
+  events; where either cannot be captured (a host sync in its forward), or a replay does not reproduce the
+  reference outputs (a CUDA kernel launched on the legacy default stream runs during the capture but is not in the
+  graph), both are called eagerly with a device-wide synchronize before the end event. Before every rep a 256 MB
+  buffer is zeroed (an L2 flush). Reps go on until both medians' 95% confidence intervals are within `ci` (2%) of
+  them, at least `min_reps`, at most 300 reps or `budget_s` of wall time. A few unpredictable reps have the
+  candidate's output compared with the reference's.
 
 How it departs from KernelBench's timing (src/eval.py: the model called between two CUDA events, a fixed number of
 trials, reference and candidate timed separately)
