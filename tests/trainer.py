@@ -77,19 +77,26 @@ def test_trainer_ablation_correctness_only_coder_reward(monkeypatch, mode):
         assert adv[0] > adv[1] == adv[2] > adv[3] and stats["coder/gate_frac"] == 1.0
 
 
-def test_trainer_coder_phase_logs_the_share_of_duplicate_kernels(monkeypatch):
-    """coder/duplicate_frac: the share of the group's kernels whose verdict the harness copied from an identical one."""
+def test_trainer_coder_phase_logs_the_share_of_duplicate_and_graph_timed_kernels(monkeypatch):
+    """coder/duplicate_frac: the share of the group's kernels whose verdict the harness copied from an identical one;
+    coder/graph_timed_frac: of the timed correct kernels, those timed as CUDA graph replays (None: none was timed)."""
     from eval_harness import KernelResult
     seen = _phase_fakes(monkeypatch, lambda n: [(True, 1.0)] * n)
+    methods = ["graph", "eager", "graph", "graph"]   # kernel 3 is wrong: its method does not count
     monkeypatch.setattr(sampling, "run_kernels", lambda ev, refs, completions: [
-        KernelResult(compiled=True, correct=True, error_kind="ok", speedup=1.0,
-                     details={"duplicate_of": 0} if i in (1, 3) else {}) for i in range(len(completions))])
+        KernelResult(compiled=True, correct=i != 3, error_kind="ok" if i != 3 else "mismatch",
+                     speedup=1.0 if i != 3 else None,
+                     details={"timing_method": methods[i], **({"duplicate_of": 0} if i in (1, 3) else {})})
+        for i in range(len(completions))])
     cfg = _trainer_cfg(group_size=4, modules_per_round=1)
     state = {"pool": [dict(src="x", hash="h", apis=["torch.relu"], p=0.5)], "rng": random.Random(0), "api_stats": {},
              "round": 0}
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
     stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
     assert stats["coder/duplicate_frac"] == 0.5
+    assert stats["coder/graph_timed_frac"] == 2 / 3
+    untimed = [KernelResult(compiled=True, correct=True, error_kind="ok", speedup=None, details={})]   # CPU mode
+    assert kz.graph_timed_frac(untimed) is None
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
