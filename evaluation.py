@@ -30,8 +30,8 @@ from eval_harness import extract_code
 from kernelbench_tasks import catalog, synth
 from report import bootstrap_ci, fast_p, geomean_speedup, pass_at_k
 from runs import write_jsonl
-from sampling import (HERE, coder_prompt, generate_and_verify, harness_device_for, harness_seconds, make_policy,
-                      open_evaluator, phase_seed, rank, say, setup_ranks)
+from sampling import (HERE, coder_prompt, generate_and_verify, graph_timed_frac, harness_device_for, harness_seconds,
+                      make_policy, open_evaluator, phase_seed, rank, say, setup_ranks)
 
 # -----------------------------------------------------------------------------
 # Held-out evaluation
@@ -75,6 +75,7 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     correct, speedup = [r.correct for r in results], [r.speedup for r in results]
     out.update({f"fast_{p:g}": fast_p(correct, speedup, p) for p in FAST_PS})
     out["geomean_speedup"] = geomean_speedup(correct, speedup)
+    out["graph_timed_frac"] = graph_timed_frac(results)   # how many of those speedups came from graph replays
     out["errors"] = dict(Counter(r.error_kind for r in results))
     out["harness_s"] = harness_seconds(results)
     # per task every sample's verdict (so that `compare` can compute intervals from the file alone), its answer

@@ -74,9 +74,9 @@ from report import UsageError, compare_evals, geomean_speedup, plot_runs
 from runs import (append_metrics, console_line, load_checkpoint, save_checkpoint, save_pretrained_atomic,
                   write_jsonl)
 from sampling import (all_max, all_sum, autocast, barrier, chat, coder_prompt, focus, gather_rows,
-                      generate_and_verify, harness_device_for, harness_seconds, kernel_scores, make_policy,
-                      microbatches, my_rows, open_evaluator, optimizer_step, phase_seed, proposer_prompt, rank,
-                      refresh_sampler, rollout, say, sequence_logprobs, setup_ranks, timed, world)
+                      generate_and_verify, graph_timed_frac, harness_device_for, harness_seconds, kernel_scores,
+                      make_policy, microbatches, my_rows, open_evaluator, optimizer_step, phase_seed, proposer_prompt,
+                      rank, refresh_sampler, rollout, say, sequence_logprobs, setup_ranks, timed, world)
 
 
 # -----------------------------------------------------------------------------
@@ -675,12 +675,6 @@ def starting_pool(cfg, harness_device):
                  round=-1) for p in pairs]
 
 
-def graph_timed_frac(results):
-    """The share of timed correct kernels whose timing was CUDA graph replays; None when none was timed (CPU)."""
-    methods = [r.details.get("timing_method") for r in results if r.correct and r.speedup is not None]
-    return sum(m == "graph" for m in methods) / len(methods) if methods else None
-
-
 def coder_phase(coder, proposer, ev, state, cfg, device, times):
     """Sample pool modules, group_size kernels each, verify them, CA-GRPO rewards and advantages, update the Coder."""
     if not state["pool"]:
@@ -710,9 +704,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
             "coder/format_frac": errors["format"] / len(results), "coder/errors": dict(errors),
             # kernels the harness did not run because an identical one of the group did (the policy sharpening)
             "coder/duplicate_frac": sum("duplicate_of" in r.details for r in results) / len(results),
-            # of the timed correct kernels, those timed as CUDA graph replays (the rest were timed eagerly, host
-            # latency inside the window: a noisier speedup; a CUDA kernel on the legacy default stream is one)
-            "coder/graph_timed_frac": graph_timed_frac(results),
+            "coder/graph_timed_frac": graph_timed_frac(results),   # the rest: timed eagerly, noisier
             "coder/harness_s": harness_seconds(results),
             "coder/tokens_per_s": batch["timing"]["tokens_per_s"],
             "coder/completion_tokens": all_sum([float(batch["completion_mask"].sum())])[0] / len(results),

@@ -732,6 +732,14 @@ def harness_seconds(results):
     return {k: round(v, 2) for k, v in total.items()} if any(total.values()) else {}
 
 
+def graph_timed_frac(results):
+    """Of the timed correct kernels, the share timed as CUDA graph replays (the rest were timed eagerly, with host
+    latency inside the window: a noisier speedup; a CUDA kernel launched on the legacy default stream is one); None
+    when none was timed (the CPU)."""
+    methods = [r.details.get("timing_method") for r in results if r.correct and r.speedup is not None]
+    return sum(m == "graph" for m in methods) / len(methods) if methods else None
+
+
 def kernel_scores(results):
     """(correct (N,), speedup (N,)) tensors from KernelResults; a missing speedup (CPU: no timing) is NaN."""
     correct = torch.tensor([float(r.correct) for r in results])

@@ -96,7 +96,7 @@ def test_trainer_coder_phase_logs_the_share_of_duplicate_and_graph_timed_kernels
     assert stats["coder/duplicate_frac"] == 0.5
     assert stats["coder/graph_timed_frac"] == 2 / 3
     untimed = [KernelResult(compiled=True, correct=True, error_kind="ok", speedup=None, details={})]   # CPU mode
-    assert kz.graph_timed_frac(untimed) is None
+    assert sampling.graph_timed_frac(untimed) is None
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
