@@ -425,8 +425,8 @@ def test_solutions_golden_ok_on_gpu(backend, capsys):
             speedups[key] = [row["speedup"], row["runtime_ms"], row["ref_runtime_ms"]]
             if row["error_kind"] != "ok":
                 failures.append(f"{key}: {row['error_kind']}: {row['error'][:500]}")
-            elif row["details"].get("timing_method") != "graph":   # every golden solution launches on the current
-                failures.append(f"{key}: timed {row['details'].get('timing_method')}: "   # stream: capturable
+            elif row["details"].get("timing_method") != "graph":   # (all launch on the current stream: capturable)
+                failures.append(f"{key}: timed {row['details'].get('timing_method')}: "
                                 f"{row['details'].get('graph_fallback')}")
             with capsys.disabled():   # at once: a run cut by a time limit still shows what it got
                 print(f"[golden {backend}] {key} {row['error_kind']} {speedups[key]} {row['error'][:300]!r}", flush=True)
