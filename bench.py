@@ -270,6 +270,9 @@ def get_init_inputs():
 '''
 
 
+STREAMS = ("", "aten", "c10")   # cuda_elementwise's launch: legacy default stream, or the current one by ATen or c10
+
+
 def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: bool, cuda_flags: list,
                      stream: str = "") -> dict:
     """load_inline pieces of an elementwise CUDA candidate; `label` says how it is broken ("ok": not). `stream`:
@@ -287,8 +290,8 @@ def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: b
         loop = (f"int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) {{\n"
                 f"        float x = a[i], y = b[i];\n        out[i] = {expr}{end}\n    }}")
         blocks = f"(n + {threads} - 1) / {threads}"
-    if stream not in ("", "aten", "c10"):
-        raise ValueError(f"stream must be '', 'aten' or 'c10', not {stream!r}")
+    if stream not in STREAMS:
+        raise ValueError(f"stream must be one of {STREAMS}, not {stream!r}")
     include = {"aten": "#include <ATen/cuda/CUDAContext.h>\n",
                "c10": "#include <c10/cuda/CUDAStream.h>\n"}.get(stream, "")
     namespace = {"aten": "at", "c10": "c10"}.get(stream)
@@ -1750,7 +1753,10 @@ def parse_args(argv=None) -> Config:
             p.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name != "command":
             p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    return Config(**vars(p.parse_args(argv)))
+    cfg = Config(**vars(p.parse_args(argv)))
+    if cfg.cold_stream not in STREAMS:   # (at once, not after minutes of building the precompiled header)
+        p.error(f"--cold-stream must be one of {', '.join(map(repr, STREAMS))}, not {cfg.cold_stream!r}")
+    return cfg
 
 
 def main(cfg: Config) -> None:

@@ -321,6 +321,9 @@ def test_cudabuild_bench_candidates_are_distinct_and_labelled():
     assert "<<<(n + 256 - 1) / 256, 256>>>" in legacy and "getCurrentCUDAStream" not in legacy
     with pytest.raises(ValueError):
         bench.cuda_elementwise("add", "t", "ok", 256, False, [], stream="at")
+    assert bench.parse_args(["harness", "--cold-stream", "c10"]).cold_stream == "c10"
+    with pytest.raises(SystemExit):   # a clear argparse error at once
+        bench.parse_args(["harness", "--cold-stream", "at"])
 
 
 def test_cudabuild_bench_triton_candidates_get_their_labels_on_cpu():
