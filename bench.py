@@ -270,15 +270,16 @@ def get_init_inputs():
 '''
 
 
-STREAMS = ("", "aten", "c10")   # cuda_elementwise's launch: legacy default stream, or the current one by ATen or c10
+# cuda_elementwise's launch: its include and the launch's stream argument. "": the legacy default stream; "aten" and
+# "c10": PyTorch's current stream, as ATen (a common pattern) or c10 (what the one-shot example teaches) spell it
+STREAMS = {"": ("", ""), "aten": ("#include <ATen/cuda/CUDAContext.h>\n", ", 0, at::cuda::getCurrentCUDAStream()"),
+           "c10": ("#include <c10/cuda/CUDAStream.h>\n", ", 0, c10::cuda::getCurrentCUDAStream()")}
 
 
 def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: bool, cuda_flags: list,
                      stream: str = "") -> dict:
-    """load_inline pieces of an elementwise CUDA candidate; `label` says how it is broken ("ok": not). `stream`:
-    launch on PyTorch's current stream, "aten": at::cuda::getCurrentCUDAStream() (a common pattern; needs
-    <ATen/cuda/CUDAContext.h>), "c10": c10::cuda::getCurrentCUDAStream() from <c10/cuda/CUDAStream.h> (what the
-    one-shot example teaches); "": the legacy default stream (<<<grid, block>>>)."""
+    """load_inline pieces of an elementwise CUDA candidate; `label` says how it is broken ("ok": not). `stream`: the
+    stream it launches on, a key of STREAMS."""
     expr = OPS[WRONG_OP[op] if label == "wrong" else op][1]
     end = ";" if label != "fail" else ""   # "fail": a missing semicolon, a compile error
     if grid_stride:
@@ -291,11 +292,9 @@ def cuda_elementwise(op: str, tag: str, label: str, threads: int, grid_stride: b
                 f"        float x = a[i], y = b[i];\n        out[i] = {expr}{end}\n    }}")
         blocks = f"(n + {threads} - 1) / {threads}"
     if stream not in STREAMS:
-        raise ValueError(f"stream must be one of {STREAMS}, not {stream!r}")
-    include = {"aten": "#include <ATen/cuda/CUDAContext.h>\n",
-               "c10": "#include <c10/cuda/CUDAStream.h>\n"}.get(stream, "")
-    namespace = {"aten": "at", "c10": "c10"}.get(stream)
-    launch = f"<<<{blocks}, {threads}" + (f", 0, {namespace}::cuda::getCurrentCUDAStream()>>>" if stream else ">>>")
+        raise ValueError(f"stream must be one of {list(STREAMS)}, not {stream!r}")
+    include, on_stream = STREAMS[stream]
+    launch = f"<<<{blocks}, {threads}{on_stream}>>>"
     cuda = f"""#include <torch/extension.h>
 {include}
 __global__ void ew_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int64_t n) {{
