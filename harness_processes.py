@@ -536,10 +536,11 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
             try:
                 message = worker.conn.recv()
                 offer = message[0] in ("gpu", "timer?", "result")   # (a chance to give the turn up, or the end)
-                if offer and held == "shared" and time.monotonic() - offered[0] > longest[0]:
+                stretch = time.monotonic() - offered[0] if offer and held == "shared" else 0.0
+                if stretch > longest[0]:
                     span = offered[1] if offered[1] == phase else f"{offered[1]}..{phase}"
                     timing = message[:2] == ("gpu", "exclusive")   # the stretch before a timer asks to time alone
-                    longest = (time.monotonic() - offered[0], "timing" if timing else span)
+                    longest = (stretch, "timing" if timing else span)
                 if message[0] == "ready":
                     if known:   # sizes measured already (a shared reference): admitted before it is sent
                         wait = admit(*known)
