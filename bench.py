@@ -90,6 +90,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import glob
 import importlib.util
@@ -1614,6 +1615,11 @@ def decode_attentions() -> dict:
             "flex_compiled": torch.compile(flex, dynamic=False)}
 
 
+def attention_step(f, qkv: list, mask) -> list:
+    """One decode step's attention: f on every layer's (q, k, v), as the model's layers would call it in turn."""
+    return [f(q, k, v, mask) for q, k, v in qkv]
+
+
 def bench_attention(cfg: Config) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu, dtype = device.type == "cuda", torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -1639,9 +1645,7 @@ def bench_attention(cfg: Config) -> None:
             for variant in cfg.attention_variants.split(","):
                 f = variants[variant]
                 err = float((f(*qkv[0], mask).double().cpu() - ref).norm() / ref.norm())
-
-                def step():
-                    return [f(q, k, v, mask) for q, k, v in qkv]
+                step = functools.partial(attention_step, f, qkv, mask)
                 for _ in range(3):   # compiles (once per variant and shape), then warm
                     step()
                 if gpu:
