@@ -12,6 +12,15 @@ How this departs from KernelBench's eval (which has no static check):
 2. Names are resolved through the candidate's imports (`import torch.cuda as tc; tc.Stream` is torch.cuda.Stream),
    but not through assignments (`_t = torch; _t.relu = slow`): the worker's identity snapshot catches those at run
    time. A static check is a first line; every rule here also has a run-time check or cannot matter at run time.
+3. Introspection gets the widest net, because the reference's outputs for the very call a candidate is in sit in
+   the worker's frames (a candidate that reads them and copies them with its own kernel computes nothing and passes
+   every trial): a banned name also counts when reached through another module (`torch.cuda.graphs.gc` is gc), through
+   getattr/hasattr with a constant name (`getattr(tb, "tb_frame")`), or written as a string anywhere (what
+   `operator.attrgetter` or `object.__getattribute__` would take); getattr with a computed name is out, as are
+   `__builtins__`, `globals()`, `vars(x)`, an imported module's `__dict__`, attrgetter and `__getattribute__`, and
+   getattr, vars and globals passed around as values. Not closed: a route that names nothing these rules know (an
+   alias, `s = sys; s._getframe()`, or descriptors read off a type's `__dict__`). Parse-time rules cannot be
+   complete; the README says so.
 
 Use:
     from static_checks import import_aliases, static_check
@@ -45,13 +54,27 @@ BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     "torch.Tensor._make_subclass": "tensor_subclass", "torch.Tensor._make_wrapper_subclass": "tensor_subclass",
     "torch.library.Library": "monkeypatch", "torch.library.impl": "monkeypatch",
     "torch.compile": "torch_compile",   # inductor would write the kernels, not the candidate
+    # frames handed out by the standard library: the harness's frames (and the stored outputs) are their callers
+    "logging.currentframe": "introspection", "traceback.walk_stack": "introspection",
+    "traceback.walk_tb": "introspection",
 }
 BANNED_ATTRS = {  # attribute names, whatever object they hang off
     "__torch_function__": "torch_function", "__torch_dispatch__": "torch_function", "as_subclass": "tensor_subclass",
     "numpy": "host_compute", "tolist": "host_compute",   # tensor data pulled to the host and computed there
     "__globals__": "introspection", "__builtins__": "introspection", "f_back": "introspection",
     "f_globals": "introspection", "f_locals": "introspection", "tb_frame": "introspection", "gi_frame": "introspection",
+    "cr_frame": "introspection", "ag_frame": "introspection",
+    # attribute reads by another name: object.__getattribute__(f, name), operator.attrgetter(name)(f)
+    "__getattribute__": "introspection", "attrgetter": "introspection", "methodcaller": "introspection",
 }
+# the last part of every introspection rule's name: as a string constant (an attrgetter's, a getattr's), a hit too
+INTROSPECTION_WORDS = ({attr for attr, check in BANNED_ATTRS.items() if check == "introspection"}
+                       | {name.rsplit(".", 1)[1] for name, check in BANNED_NAMES.items() if check == "introspection"})
+# modules whose namespace (m.__dict__) holds what the banned names guard
+NAMESPACE_ROOTS = {"torch", "time", "sys", "triton", "numpy", "math", "os", "logging", "traceback", "operator"}
+# builtins that read attributes or namespaces by a name given at run time: as a call only with the rules below, and
+# never as a value (`ga = getattr` would take them past the rules)
+NAME_READERS = {"getattr", "vars", "globals"}
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
               "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
@@ -95,8 +118,24 @@ def dotted(node: ast.AST, aliases: dict) -> str | None:
     return ".".join([aliases[chain[0]]] + chain[1:])
 
 
+def banned_name(name: str | None) -> tuple[str, str] | None:
+    """(check, name) if the dotted name, or any tail of it, is a banned name: modules re-export what they import
+    (torch.cuda.graphs.gc is gc, so torch.cuda.graphs.gc.get_objects is gc.get_objects)."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts)):
+        tail = ".".join(parts[i:])
+        if tail in BANNED_NAMES:
+            return BANNED_NAMES[tail], tail
+        if i and tail in BANNED_IMPORTS:   # (a banned module itself, reached as another module's attribute)
+            return BANNED_IMPORTS[tail], tail
+        if re.fullmatch(r"os\.(spawn|exec)\w*", tail):
+            return "processes", tail
+    return None
+
+
 def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
     """(check, message) for the first banned construct, else None. Rules in BANNED_* above."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -107,13 +146,20 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
                     if name == banned or name.startswith(banned + "."):
                         return check, f"imports {name}"
         if isinstance(node, (ast.Name, ast.Attribute)):
-            name = dotted(node, aliases)
-            if name in BANNED_NAMES:
-                return BANNED_NAMES[name], f"uses {name}"
-            if name and re.fullmatch(r"os\.(spawn|exec)\w*", name):
-                return "processes", f"uses {name}"
+            hit = banned_name(dotted(node, aliases))
+            if hit:
+                return hit[0], f"uses {hit[1]}"
         if isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
             return BANNED_ATTRS[node.attr], f"uses .{node.attr}"
+        if isinstance(node, ast.Name) and node.id == "__builtins__":   # __import__, exec, getattr by other names
+            return "introspection", "uses __builtins__"
+        if isinstance(node, ast.Name) and node.id in NAME_READERS and id(node) not in called:
+            return "introspection", f"uses {node.id} as a value"
+        if isinstance(node, ast.Constant) and node.value in INTROSPECTION_WORDS:
+            return "introspection", f"names {node.value!r}"
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__" and \
+                (dotted(node.value, aliases) or "").split(".")[0] in NAMESPACE_ROOTS:
+            return "introspection", f"uses {ast.unparse(node)}"
         if getattr(node, "name", getattr(node, "id", None)) in ("__torch_function__", "__torch_dispatch__"):
             return "torch_function", "defines __torch_function__/__torch_dispatch__"
         if isinstance(node, ast.ClassDef):
@@ -137,11 +183,21 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
                 name = dotted(node.args[0], aliases) or ""
                 if name.split(".")[0] in PROTECTED_ROOTS:
                     return "monkeypatch", f"{fname} on {name}"
-            # getattr(sys, "mod" + "ules") reaches what the banned names guard: a computed name on a module is out
+            # getattr(sys, "mod" + "ules") or getattr(tb, "tb_" + "frame") reaches what the banned names guard: a
+            # computed name is out on anything (on self too: `self` is only a name, any object can be passed as it)
             if fname == "getattr" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
-                name = dotted(node.args[0], aliases) or ""
-                if name.split(".")[0] in PROTECTED_ROOTS | {"os"}:
-                    return "introspection", f"getattr on {name} with a computed name"
+                return "introspection", f"getattr on {ast.unparse(node.args[0])} with a computed name"
+            # a constant name is the attribute written out: getattr(sys, "_getframe") is sys._getframe
+            if fname in ("getattr", "hasattr") and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                    and isinstance(node.args[1].value, str):
+                attr, base = node.args[1].value, dotted(node.args[0], aliases)
+                if attr in BANNED_ATTRS:
+                    return BANNED_ATTRS[attr], f"{fname} of .{attr}"
+                hit = banned_name(f"{base}.{attr}") if base else None
+                if hit:
+                    return hit[0], f"uses {hit[1]}"
+            if fname == "globals" or (fname == "vars" and node.args):
+                return "introspection", f"calls {fname}() (a namespace: names read by strings, __builtins__)"
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
             for handler in node.handlers:
                 for sub in ast.walk(ast.Module(body=handler.body, type_ignores=[])):

@@ -261,6 +261,47 @@ relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
 return y.mul_(2) if False else y[:-1]
 ''')
 
+# A candidate that computes nothing: it walks up its call stack to the worker's frame that holds the trial it is
+# being called for, and copies the stored reference output with its own kernel. {tb_frame}, {f_locals} and {f_back}
+# are how it reads the three attributes (written out, through getattr, or with computed names).
+COPY_KERNEL = """
+@triton.jit
+def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+def stored_output():
+    try:
+        raise KeyError
+    except KeyError as e:
+        frame = {tb_frame}
+    while frame is not None:
+        trial = {f_locals}.get("trial")
+        if isinstance(trial, dict) and "out" in trial:
+            return trial["out"]
+        frame = {f_back}
+    return None
+"""
+STORED_OUTPUT_COPY = """
+src = stored_output()
+y = torch.empty_like(x)
+copy_kernel[(triton.cdiv(x.numel(), 1024),)](x if src is None else src, y, x.numel(), BLOCK=1024)
+return y
+"""
+
+
+def stored_output_copier(route: str) -> str:
+    """The frame-walking copier of COPY_KERNEL, its attributes read by `route`: "getattr" (constant names) or
+    "computed" (names built at run time)."""
+    reads = {"getattr": dict(tb_frame='getattr(e.__traceback__, "tb_frame")', f_locals='getattr(frame, "f_locals")',
+                             f_back='getattr(frame, "f_back")'),
+             "computed": dict(tb_frame='getattr(e.__traceback__, "tb_" + "frame")',
+                              f_locals='getattr(frame, "f_" + "locals")', f_back='getattr(frame, "f_" + "back")')}
+    return _harness_relu(STORED_OUTPUT_COPY, kernel=COPY_KERNEL.format(**reads[route]))
+
+
 # (name, task, candidate, expected error_kind, expected details["check"] or None). Each row is a test below.
 CASES = {
     "good_relu": (RELU_TASK, GOOD_RELU, "ok", None),
@@ -315,12 +356,12 @@ return x
                             "reward_hack", "monkeypatch"),
     "patch_worker_runtime": (RELU_TASK, _harness_relu('''
 return x
-''', extra="import sys\n_hw = vars(sys)['modules']['harness_worker']\n"
+''', extra="import sys\n_s = sys\n_hw = _s.modules['harness_worker']\n"
              "setattr(_hw, '_compare', lambda *a, **k: (None, None, '', {}))\n"), "reward_hack", "monkeypatch"),
     # the comparison's host half, in harness_compare.py: patched, every wrong output would be judged right
     "patch_compare_runtime": (RELU_TASK, _harness_relu('''
 return x
-''', extra="import sys\n_hc = vars(sys)['modules']['harness_compare']\n"
+''', extra="import sys\n_s = sys\n_hc = _s.modules['harness_compare']\n"
              "setattr(_hc, '_judge_numbers', lambda n, v, s, a, r: (None, None, ''))\n"), "reward_hack", "monkeypatch"),
     # 6 with 15: a correct kernel that rebinds a torch function the reference calls (slowing the reference, which is
     # timed after the candidate's import, would inflate its speedup); the static check does not follow `_t = torch`
@@ -406,6 +447,11 @@ return y
     "no_triton_kernel": (RELU_TASK, GOOD_RELU.replace("@triton.jit\n", ""), "format", None),
     "side_stream_static": (RELU_TASK, _harness_relu("with torch.cuda.stream(torch.cuda.Stream()):\n    return x"),
                            "reward_hack", "side_stream"),
+    # the reference's stored outputs read through the worker's frames and copied: only the static check stops it
+    # (test_harness_stored_outputs_reached_through_frames_are_only_stopped_by_the_static_check)
+    "stored_outputs_through_getattr": (RELU_TASK, stored_output_copier("getattr"), "reward_hack", "introspection"),
+    "stored_outputs_through_computed_names": (RELU_TASK, stored_output_copier("computed"), "reward_hack",
+                                              "introspection"),
 }
 
 # GPU sizes of the tasks (the GPU tests)

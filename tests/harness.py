@@ -28,7 +28,7 @@ import harness_timing as ht
 import harness_worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
                           GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_TASK, ROOT, SEGFAULT,
-                          WRONG, _HEADER, _harness_relu)
+                          WRONG, _HEADER, _harness_relu, stored_output_copier)
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Correctness and anti reward hacking: the rows of CASES and HANG_CASES, one Evaluator batch per option set
@@ -143,9 +143,43 @@ def test_harness_static_check_sources():
                        ("from harness_processes import run_job", "monkeypatch"),
                        ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
                        ("import sys\nsys.settrace(None)", "introspection"),
+                       # routes to frames and live objects (the stored reference outputs are in the worker's frames)
+                       ("f = getattr(tb, 'tb_frame')", "introspection"), ("f = getattr(tb, 'tb_' + 'frame')", "introspection"),
+                       ("def f(self):\n    return getattr(self, 'f_' + 'back')", "introspection"),
+                       ("import operator\nget = operator.attrgetter('f_locals')", "introspection"),
+                       ("import sys\nf = getattr(sys, '_getframe')(1)", "introspection"),
+                       ("import logging\nf = logging.currentframe()", "introspection"),
+                       ("import traceback\nfs = traceback.walk_stack(None)", "introspection"),
+                       ("objs = torch.cuda.graphs.gc.get_objects()", "introspection"),
+                       ("g = torch.cuda.graphs.gc", "introspection"),
+                       ("m = torch.cuda.graphs.sys.modules", "sys_modules"),
+                       ("imp = __builtins__['__import__']", "introspection"), ("g = globals()", "introspection"),
+                       ("import sys\nm = vars(sys)['modules']", "introspection"),
+                       ("import sys\nf = sys.__dict__['_getframe']", "introspection"),
+                       ("ga = getattr", "introspection"), ("m = vars(x)", "introspection"),
+                       ("f = object.__getattribute__(tb, 'tb_' + 'frame')", "introspection"),
+                       ("y = getattr(x, 'numpy')()", "host_compute"),
                        ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
         hit = check(line + "\n" + cuda.format(body=""))
         assert hit is not None and hit.details["check"] == name, (line, hit)
+    # what stays allowed: a harmless constant name, setattr with a computed name, vars() of the own frame
+    for line in ["shape = getattr(x, 'shape')", "class M(nn.Module):\n    def s(self, i, w):\n"
+                 "        setattr(self, f'w{i}', w)", "n = len(vars())", "name = 'f_locals and f_back'"]:
+        assert check(line + "\n" + cuda.format(body="")) is None, line
+
+
+def test_harness_stored_outputs_reached_through_frames_are_only_stopped_by_the_static_check(monkeypatch):
+    """The reference's output for the call a candidate is in lies in the worker's frames: a candidate that walks up
+    to it and copies it with its own kernel computes no ReLU and still passes every trial, the run-time checks
+    included. Only the static check (CASES "stored_outputs_through_*") rejects it; with the check switched off in the
+    parent, the copy is `ok`. (If a run-time defence ever closes this, this test is where it shows.)"""
+    copier = stored_output_copier("getattr")
+    monkeypatch.setattr(eh.static_checks, "static_check", lambda tree, aliases: None)
+    result = eh.evaluate(RELU_TASK, copier, backend="triton", device="cpu")
+    assert result.error_kind == "ok" and result.details["trials"] == 6, (result.error, result.details)
+    # without the frames it copies its input: the kernel alone is wrong
+    blind = copier.replace("return trial[\"out\"]", "return None")
+    assert blind != copier and eh.evaluate(RELU_TASK, blind, backend="triton", device="cpu").error_kind == "mismatch"
 
 
 def test_harness_instrumentation_counts_threads():
@@ -388,7 +422,8 @@ def _harness_alive(pid: int) -> bool:
 def test_harness_map_mixed_batch_in_order_and_no_processes_left():
     pidfile = f"/tmp/kz_harness_child_{uuid.uuid4().hex}.pid"
     forks_then_hangs = _harness_relu(f'''
-pid = vars(os)["fo" + "rk"]()   # past the static check (getattr with a computed name is caught): the runtime must kill it
+_os = os   # an alias the static check does not follow: past it, so the runtime must kill what this forks
+pid = _os.fork()
 if pid == 0:
     time.sleep(600)
     os._exit(0)

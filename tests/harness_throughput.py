@@ -588,8 +588,9 @@ def test_harness_gpu_kernel_warm_up_keeps_verdicts():
 
 TAMPER_REFERENCE = """
 import torch.cuda.graphs
-_objects = vars(vars(torch.cuda.graphs)["gc"])["get_" + "objects"]   # gc through a torch module that imported it:
-"""                                                                 # past the static check, which bans importing gc
+_graphs = torch.cuda.graphs   # gc through a torch module that imported it, by an alias the static check does not
+_objects = _graphs.gc.get_objects   # follow: past it (it bans importing gc and torch.cuda.graphs.gc)
+"""
 
 
 @pytest.mark.gpu
