@@ -50,6 +50,8 @@ What the process isolation protects, and what it does not
   14 integer targets cast to float: only floating tensors are cast
   15 baseline mismatch: the reference timed the same way, interleaved, in the same process
   16 hangs, crashes, poisoned CUDA contexts: one killable process per candidate
+  17 (ours) the stored reference outputs read through the worker's frames or gc and copied: static check, and an
+     audit hook on the candidate's own calls for frames and live objects (harness_instrumentation)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's

@@ -11,12 +11,19 @@ What it installs (_Instrumentation) and why
     (yield_turn): a timer waits for other workers' GPU work only.
   - Around each candidate call (candidate_call): the caching allocator's free blocks NaN-filled
     (_poison_cuda_allocator) and deterministic mode's fill of uninitialized memory switched on (pitfall 1).
+  - An audit hook (sys.addaudithook, PEP 578; it cannot be removed) that notes when the candidate's own code asks
+    for frames or live objects: sys._getframe and sys._current_frames (also through logging.currentframe,
+    traceback.walk_stack or inspect), gc.get_objects / get_referrers / get_referents, and a traceback's, generator's
+    or coroutine's frame. The reference's outputs for the call the candidate is in lie in the worker's frames, so a
+    candidate could copy them with its own kernel and compute nothing (pitfall 17); the static check rejects the
+    routes it can name, this catches an alias it cannot follow (`s = sys; s._getframe(2)`). Library code asking for frames (a
+    traceback printed by torch, Triton reading its kernels' source) is not the candidate's and is not noted.
 
 What it verifies (verify): an identity snapshot of the functions and flags the harness relies on (torch's
 comparisons, timers, Module.__call__, TF32 switches, Triton's launchers, every function of every harness module:
 pitfall 6) and of what the reference's source may call (_reference_reaches: a rebound torch function could slow the
 reference, which is timed after the candidate's import: pitfalls 6 with 15); the flags flipped inside a call; the
-thread count (pitfall 4).
+thread count (pitfall 4); the candidate's introspection that the audit hook noted.
 
 How it departs from KernelBench's eval, which runs the candidate as it is: every item above. Nothing to run:
 harness_worker.py imports it. To a candidate it is part of the harness: static_checks bans importing it, and the
@@ -27,10 +34,12 @@ import ast
 import collections
 import contextlib
 import inspect
+import logging
 import os
 import sys
 import threading
 import time
+import traceback
 import warnings
 
 import torch
@@ -87,6 +96,8 @@ class _Instrumentation:
         self.reaches = _reference_reaches(ref_src)
         self.snapshot = _harness_snapshot(self.reaches)
         self.threads = threading.active_count()
+        self.introspection = []                 # what the audit hook saw the candidate's code ask for
+        sys.addaudithook(_introspection_hook(os.path.abspath(module_name + ".py"), self.introspection))
 
     def _patch_load_inline(self) -> None:
         """Route load_inline to the fast, cached builder of cuda_ext/build.py (it falls back to torch's own build)."""
@@ -224,9 +235,47 @@ class _Instrumentation:
             return check, f"the candidate changed {', '.join(changed[:8])}"
         if self.problems:
             return "monkeypatch", self.problems[0]
+        if self.introspection:
+            return "introspection", self.introspection[0]
         if threading.active_count() > self.threads:
             return "threads", f"{threading.active_count() - self.threads} new thread(s) still alive"
         return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The audit hook: the candidate asking for frames or live objects
+
+_FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
+_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}   # audited reads ("object.__getattr__" events)
+# standard-library functions that hand the frame they get on to their caller (logging.currentframe is a lambda):
+# who called them asked. (Not their other callers: logging.warning finds its caller's line through currentframe.)
+_FRAME_HELPERS = {os.path.abspath(m.__file__) for m in (logging, traceback, inspect)}
+_FRAME_HANDOUTS = {"<lambda>", "currentframe", "walk_stack", "stack", "trace"}
+
+
+def _introspection_hook(candidate_file: str, seen: list):
+    """An audit hook (PEP 578) that appends to `seen` what the candidate's own code (code from `candidate_file`)
+    asked for: an event of _FRAME_EVENTS called by it (or by a _FRAME_HANDOUTS function of _FRAME_HELPERS that it
+    called), or a frame attribute of _FRAME_ATTRS it read itself. Runs for every audit event of the process, so it
+    returns at once for the others; the frame lookup inside it raises an event of its own, hence the guard."""
+    busy = [False]
+
+    def hook(event: str, args: tuple) -> None:
+        attr = event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS
+        if busy[0] or not (attr or event in _FRAME_EVENTS):
+            return
+        busy[0] = True
+        try:
+            frame = sys._getframe(1)   # the Python code that raised the event (C functions have no frame)
+            code = frame.f_code
+            if not attr and code.co_filename in _FRAME_HELPERS and code.co_name in _FRAME_HANDOUTS:
+                frame = frame.f_back   # (the helper returns the frame to its caller)
+            if frame is not None and frame.f_code.co_filename == candidate_file and len(seen) < 8:
+                seen.append(f"the candidate asked for {f'.{args[1]}' if attr else event + '()'} (frames or live "
+                            f"objects: the stored reference outputs are among them)")
+        finally:
+            busy[0] = False
+    return hook
 
 
 # ---------------------------------------------------------------------------------------------------------------------

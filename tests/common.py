@@ -447,8 +447,8 @@ return y
     "no_triton_kernel": (RELU_TASK, GOOD_RELU.replace("@triton.jit\n", ""), "format", None),
     "side_stream_static": (RELU_TASK, _harness_relu("with torch.cuda.stream(torch.cuda.Stream()):\n    return x"),
                            "reward_hack", "side_stream"),
-    # the reference's stored outputs read through the worker's frames and copied: only the static check stops it
-    # (test_harness_stored_outputs_reached_through_frames_are_only_stopped_by_the_static_check)
+    # the reference's stored outputs read through the worker's frames and copied (static; the run-time audit hook:
+    # test_harness_stored_outputs_reached_through_frames_are_caught_at_run_time_too)
     "stored_outputs_through_getattr": (RELU_TASK, stored_output_copier("getattr"), "reward_hack", "introspection"),
     "stored_outputs_through_computed_names": (RELU_TASK, stored_output_copier("computed"), "reward_hack",
                                               "introspection"),

@@ -168,18 +168,30 @@ def test_harness_static_check_sources():
         assert check(line + "\n" + cuda.format(body="")) is None, line
 
 
-def test_harness_stored_outputs_reached_through_frames_are_only_stopped_by_the_static_check(monkeypatch):
+def test_harness_stored_outputs_reached_through_frames_are_caught_at_run_time_too(monkeypatch):
     """The reference's output for the call a candidate is in lies in the worker's frames: a candidate that walks up
-    to it and copies it with its own kernel computes no ReLU and still passes every trial, the run-time checks
-    included. Only the static check (CASES "stored_outputs_through_*") rejects it; with the check switched off in the
-    parent, the copy is `ok`. (If a run-time defence ever closes this, this test is where it shows.)"""
+    to it and copies it with its own kernel computes no ReLU and passes every comparison. The static check rejects
+    it (CASES "stored_outputs_through_*"); with the static check switched off in the parent, the worker's audit hook
+    still sees the candidate read a traceback's frame, and an alias the static check does not follow (`_s = sys`)
+    or a standard-library helper that hands frames on (logging.currentframe) is seen the same way. A candidate that
+    formats a traceback or logs a line (the library reads the frames, for itself) stays ok."""
     copier = stored_output_copier("getattr")
+    blind = copier.replace("src = stored_output()", "src = None")   # the same kernel, the frames never read: wrong
+    assert blind != copier
+    good = GOOD_RELU.split("def forward(self, x):\n")[1]
+    alias = _harness_relu("_s = sys\nframe = _s._getframe(1)\n" + textwrap.dedent(good), extra="import sys\n")
+    helper = _harness_relu("_l = logging\nframe = _l.currentframe()\n" + textwrap.dedent(good), extra="import logging\n")
+    formats = _harness_relu("try:\n    raise KeyError\nexcept KeyError:\n    text = traceback.format_exc()\n"
+                            "logging.warning('kz: a log line finds its caller through a frame')\n"
+                            + textwrap.dedent(good), extra="import logging\nimport traceback\n")
+    assert eh._precheck(alias, "triton") is None and eh._precheck(helper, "triton") is None
     monkeypatch.setattr(eh.static_checks, "static_check", lambda tree, aliases: None)
-    result = eh.evaluate(RELU_TASK, copier, backend="triton", device="cpu")
-    assert result.error_kind == "ok" and result.details["trials"] == 6, (result.error, result.details)
-    # without the frames it copies its input: the kernel alone is wrong
-    blind = copier.replace("return trial[\"out\"]", "return None")
-    assert blind != copier and eh.evaluate(RELU_TASK, blind, backend="triton", device="cpu").error_kind == "mismatch"
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        results = ev.map([(RELU_TASK, c) for c in (copier, alias, helper, formats, blind)])
+    verdicts = [(r.error_kind, r.details.get("check")) for r in results]
+    assert verdicts == [("reward_hack", "introspection")] * 3 + [("ok", None), ("mismatch", None)], \
+        [(v, r.error) for v, r in zip(verdicts, results)]
+    assert ".tb_frame" in results[0].error and "sys._getframe" in results[1].error
 
 
 def test_harness_instrumentation_counts_threads():

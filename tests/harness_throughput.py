@@ -586,10 +586,14 @@ def test_harness_gpu_kernel_warm_up_keeps_verdicts():
     assert [k for k, _ in verdicts[True][:3]] == ["ok"] * 3 and all(r.speedup for r in runs[True][:3])
 
 
+# gc through a torch module that imported it, by an alias the static check does not follow (it bans importing gc
+# and torch.cuda.graphs.gc), called through a library wrapper, so that the worker's audit hook, which notes only the
+# candidate's own calls, does not see it either: what the tampering writes is left to the reference's fingerprints
 TAMPER_REFERENCE = """
+import functools
 import torch.cuda.graphs
-_graphs = torch.cuda.graphs   # gc through a torch module that imported it, by an alias the static check does not
-_objects = _graphs.gc.get_objects   # follow: past it (it bans importing gc and torch.cuda.graphs.gc)
+_graphs = torch.cuda.graphs
+_objects = functools.partial(functools.singledispatch(_graphs.gc.get_objects), None)
 """
 
 
