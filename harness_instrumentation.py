@@ -16,8 +16,9 @@ What it installs (_Instrumentation) and why
     traceback.walk_stack or inspect), gc.get_objects / get_referrers / get_referents, and a traceback's, generator's
     or coroutine's frame. The reference's outputs for the call the candidate is in lie in the worker's frames, so a
     candidate could copy them with its own kernel and compute nothing (pitfall 17); the static check rejects the
-    routes it can name, this catches an alias it cannot follow (`s = sys; s._getframe(2)`). Library code asking for frames (a
-    traceback printed by torch, Triton reading its kernels' source) is not the candidate's and is not noted.
+    routes it can name, this catches an alias it cannot follow (`s = sys; s._getframe(2)`). Library code asking
+    for frames (a traceback printed by torch, Triton reading its kernels' source) is not the candidate's and is not
+    noted.
 
 What it verifies (verify): an identity snapshot of the functions and flags the harness relies on (torch's
 comparisons, timers, Module.__call__, TF32 switches, Triton's launchers, every function of every harness module:

@@ -14,8 +14,8 @@ How this departs from KernelBench's eval (which has no static check):
    time. A static check is a first line; every rule here also has a run-time check or cannot matter at run time.
 3. Introspection gets the widest net, because the reference's outputs for the very call a candidate is in sit in
    the worker's frames (a candidate that reads them and copies them with its own kernel computes nothing and passes
-   every trial: pitfall 17): a banned name also counts when reached through another module (`torch.cuda.graphs.gc` is gc), through
-   getattr/hasattr with a constant name (`getattr(tb, "tb_frame")`), or written as a string anywhere (what
+   every trial: pitfall 17): a banned name also counts when reached through another module (`torch.cuda.graphs.gc`
+   is gc), through getattr/hasattr with a constant name (`getattr(tb, "tb_frame")`), or written as a string (what
    `operator.attrgetter` or `object.__getattribute__` would take); getattr with a computed name is out, as are
    `__builtins__`, `globals()`, `vars(x)`, an imported module's `__dict__`, attrgetter and `__getattribute__`, and
    getattr, vars and globals passed around as values. Not closed here: a route that names nothing these rules know

@@ -144,7 +144,8 @@ def test_harness_static_check_sources():
                        ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
                        ("import sys\nsys.settrace(None)", "introspection"),
                        # routes to frames and live objects (the stored reference outputs are in the worker's frames)
-                       ("f = getattr(tb, 'tb_frame')", "introspection"), ("f = getattr(tb, 'tb_' + 'frame')", "introspection"),
+                       ("f = getattr(tb, 'tb_frame')", "introspection"),
+                       ("f = getattr(tb, 'tb_' + 'frame')", "introspection"),
                        ("def f(self):\n    return getattr(self, 'f_' + 'back')", "introspection"),
                        ("import operator\nget = operator.attrgetter('f_locals')", "introspection"),
                        ("import sys\nf = getattr(sys, '_getframe')(1)", "introspection"),
@@ -180,7 +181,8 @@ def test_harness_stored_outputs_reached_through_frames_are_caught_at_run_time_to
     assert blind != copier
     good = GOOD_RELU.split("def forward(self, x):\n")[1]
     alias = _harness_relu("_s = sys\nframe = _s._getframe(1)\n" + textwrap.dedent(good), extra="import sys\n")
-    helper = _harness_relu("_l = logging\nframe = _l.currentframe()\n" + textwrap.dedent(good), extra="import logging\n")
+    helper = _harness_relu("_l = logging\nframe = _l.currentframe()\n" + textwrap.dedent(good),
+                           extra="import logging\n")
     formats = _harness_relu("try:\n    raise KeyError\nexcept KeyError:\n    text = traceback.format_exc()\n"
                             "logging.warning('kz: a log line finds its caller through a frame')\n"
                             + textwrap.dedent(good), extra="import logging\nimport traceback\n")
