@@ -57,6 +57,10 @@ BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     # frames handed out by the standard library: the harness's frames (and the stored outputs) are their callers
     "logging.currentframe": "introspection", "traceback.walk_stack": "introspection",
     "traceback.walk_tb": "introspection",
+    # the caching allocator's blocks with their device addresses: where the stored reference outputs lie, for a
+    # kernel that reads them by address
+    "torch.cuda.memory_snapshot": "introspection", "torch.cuda.memory.memory_snapshot": "introspection",
+    "torch.cuda.memory._snapshot": "introspection", "torch._C._cuda_memorySnapshot": "introspection",
 }
 BANNED_ATTRS = {  # attribute names, whatever object they hang off
     "__torch_function__": "torch_function", "__torch_dispatch__": "torch_function", "as_subclass": "tensor_subclass",
@@ -145,6 +149,9 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
                 for banned, check in BANNED_IMPORTS.items():
                     if name == banned or name.startswith(banned + "."):
                         return check, f"imports {name}"
+                hit = banned_name(name)   # (from sys import _getframe)
+                if hit:
+                    return hit[0], f"imports {hit[1]}"
         if isinstance(node, (ast.Name, ast.Attribute)):
             hit = banned_name(dotted(node, aliases))
             if hit:

@@ -154,6 +154,8 @@ def test_harness_static_check_sources():
                        ("objs = torch.cuda.graphs.gc.get_objects()", "introspection"),
                        ("g = torch.cuda.graphs.gc", "introspection"),
                        ("m = torch.cuda.graphs.sys.modules", "sys_modules"),
+                       ("blocks = torch.cuda.memory_snapshot()", "introspection"),
+                       ("from torch.cuda.memory import _snapshot", "introspection"),
                        ("imp = __builtins__['__import__']", "introspection"), ("g = globals()", "introspection"),
                        ("import sys\nm = vars(sys)['modules']", "introspection"),
                        ("import sys\nf = sys.__dict__['_getframe']", "introspection"),
