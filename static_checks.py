@@ -78,7 +78,7 @@ INTROSPECTION_WORDS = ({attr for attr, check in BANNED_ATTRS.items() if check ==
 NAMESPACE_ROOTS = {"torch", "time", "sys", "triton", "numpy", "math", "os", "logging", "traceback", "operator"}
 # builtins that read attributes or namespaces by a name given at run time: as a call only with the rules below, and
 # never as a value (`ga = getattr` would take them past the rules)
-NAME_READERS = {"getattr", "vars", "globals"}
+NAME_READERS = {"getattr", "vars"}
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
               "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
@@ -158,8 +158,9 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
                 return hit[0], f"uses {hit[1]}"
         if isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
             return BANNED_ATTRS[node.attr], f"uses .{node.attr}"
-        if isinstance(node, ast.Name) and node.id == "__builtins__":   # __import__, exec, getattr by other names
-            return "introspection", "uses __builtins__"
+        # __builtins__ holds __import__, exec and getattr by other names; globals() holds __builtins__
+        if isinstance(node, ast.Name) and node.id in ("__builtins__", "globals"):
+            return "introspection", f"uses {node.id}"
         if isinstance(node, ast.Name) and node.id in NAME_READERS and id(node) not in called:
             return "introspection", f"uses {node.id} as a value"
         if isinstance(node, ast.Constant) and node.value in INTROSPECTION_WORDS:
@@ -203,8 +204,8 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
                 hit = banned_name(f"{base}.{attr}") if base else None
                 if hit:
                     return hit[0], f"uses {hit[1]}"
-            if fname == "globals" or (fname == "vars" and node.args):
-                return "introspection", f"calls {fname}() (a namespace: names read by strings, __builtins__)"
+            if fname == "vars" and node.args:
+                return "introspection", "calls vars() (a namespace: names read by strings, __builtins__)"
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
             for handler in node.handlers:
                 for sub in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
