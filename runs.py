@@ -95,7 +95,8 @@ def write_jsonl(path, rows):
 
 def save_checkpoint(run_dir, coder, proposer, state):
     """Write RUN_DIR/ckpt_NNNNN atomically (temp dir + rename, then the `latest` pointer) and drop older ones. The
-    state dicts are whole (full_state) and rank 0 writes them: a run resumes on any number of ranks."""
+    state dicts are whole (full_state) and rank 0 writes them: a run resumes on any number of ranks. Returns the
+    checkpoint's size in bytes (0 on the other ranks)."""
     name = f"ckpt_{state['round']:05d}"
     # (all ranks gather; with LoRA the frozen base is not saved: a checkpoint is the adapters and their AdamW state)
     weights = {role: full_state(pol, trained_only=True) for role, pol in (("coder", coder), ("proposer", proposer))}
@@ -106,8 +107,12 @@ def save_checkpoint(run_dir, coder, proposer, state):
         for role, (model, opt) in weights.items():
             torch.save({"model": model, "opt": opt}, os.path.join(tmp, f"{role}.pt"))
         # the python RNG draws API sets and pool modules (the same on every rank); sampling has its own seeds
+        # (sampling.phase_seed), and torch's generators are kept too for whatever else draws from them
         saved = {k: v for k, v in state.items() if k != "rng"}
-        torch.save({**saved, "rng_state": state["rng"].getstate()}, os.path.join(tmp, "state.pt"))
+        torch.save({**saved, "rng_state": state["rng"].getstate(), "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                   os.path.join(tmp, "state.pt"))
+        size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(tmp, "*")))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         with open(os.path.join(run_dir, "latest.tmp"), "w") as f:
@@ -117,6 +122,7 @@ def save_checkpoint(run_dir, coder, proposer, state):
             if os.path.basename(old) != name:
                 shutil.rmtree(old, ignore_errors=True)
     barrier()
+    return size if rank() == 0 else 0
 
 
 def load_checkpoint(run_dir, coder, proposer):
@@ -135,6 +141,10 @@ def load_checkpoint(run_dir, coder, proposer):
     state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file: python RNG state, pool
     state["rng"] = random.Random()
     state["rng"].setstate(state.pop("rng_state"))
+    torch.set_rng_state(state.pop("torch_rng", torch.get_rng_state()))   # (checkpoints before these were kept)
+    cuda_rng = state.pop("cuda_rng", [])
+    if torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():   # (another machine: left as is)
+        torch.cuda.set_rng_state_all(cuda_rng)
     return state
 
 

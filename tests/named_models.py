@@ -106,8 +106,9 @@ def fake_named_model(tmp_path, monkeypatch):
 
 
 def _cache_files():
+    """The model's cache folder, less the lock file that serialises its builds (it stays: it is empty)."""
     root = models.model_cache_dir("fake")
-    return sorted(os.listdir(root)) if os.path.exists(root) else []
+    return sorted(f for f in os.listdir(root) if f != ".lock") if os.path.exists(root) else []
 
 
 def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake_named_model, monkeypatch):
@@ -130,6 +131,37 @@ def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake
     assert tok2.eos_token == "<|im_end|>"
     for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), n
+
+
+def test_named_model_two_processes_at_once_build_one_dense_copy(fake_named_model, monkeypatch):
+    # two runs started together: the second waits for the first's copy instead of dequantising the same GGUF while
+    # the first deletes it (seen on the GPU machine: FileNotFoundError in the second run). flock conflicts between
+    # two opens of the file also within one process, so two threads stand in for two processes.
+    import threading
+    import time
+    real, builds = models.build_dense_copy, []
+
+    def slow_build(*args):
+        builds.append(args[0])
+        time.sleep(0.5)   # (both threads are past the first exists() check before the first copy lands)
+        real(*args)
+    monkeypatch.setattr(models, "build_dense_copy", slow_build)
+    paths, errors = [], []
+
+    def load():
+        try:
+            paths.append(models.dense_copy("fake"))
+        except BaseException as e:   # (SystemExit too)
+            errors.append(e)
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and builds == ["fake"] and len(paths) == 2 and paths[0] == paths[1]
+    assert _cache_files() == ["dense"]
+    model, _ = models.load_model("fake")   # the copy is whole
+    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_named_model_missing_package_names_it_and_the_pip_line(fake_named_model):

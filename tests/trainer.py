@@ -1030,6 +1030,86 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys
     assert (full_sft / "coder" / "config.json").read_text() == "{}"
 
 
+def test_trainer_next_round_fits_the_time_limit():
+    """The time limit's rule, with the docstring's numbers: the slowest of the last five rounds plus the eval due,
+    10% margin; no round timed yet runs while any time is left."""
+    assert kz.next_round_fits(600, 1200, [50, 65, 40])
+    assert not kz.next_round_fits(600, 1200, [50, 65, 40], eval_s=500)
+    assert kz.next_round_fits(1199, 1200, []) and not kz.next_round_fits(1200, 1200, [])
+    assert kz.next_round_fits(0, 100, [500, 10, 10, 10, 10, 10])   # (only the last five count)
+    assert kz.next_round_fits(10**9, float("inf"), [1.0])   # no limit (0 minutes): always fits
+    cfg = _trainer_cfg(eval_levels="1", eval_samples=4, eval_ends_levels="1,2", eval_ends_samples=8)
+    records = [{"round": 0, "time/round": 70.0}, {"round": 9, "time/round": 160.0, "time/eval": 90.0}]
+    assert kz.eval_seconds(records, cfg, ends=False) == 90.0
+    assert kz.eval_seconds(records, cfg, ends=True) == 90.0 * 4   # twice the samples on twice the levels, guessed
+    records.append({"round": -1, "time/eval_ends": 300.0})
+    assert kz.eval_seconds(records, cfg, ends=True) == 300.0   # measured once: that time
+    ends = kz.eval_config(cfg, ends=True)
+    assert (ends.eval_levels, ends.eval_samples, ends.temperature) == ("1,2", 8, 0.7)
+    assert kz.eval_config(cfg, ends=False).eval_samples == 4
+
+
+def _same_tree(a, b):
+    """Nested dicts/lists of tensors and numbers equal, tensors bit for bit."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
+def test_trainer_time_limit_stops_and_resumes_on_a_fresh_machine_as_the_straight_run(tmp_path, monkeypatch, capsys):
+    """--time-limit stops a LoRA run after round 2 of 4 (a clock that reads 60 s a round, 3 minutes allowed): exit
+    without an error, its checkpoint written, the command that resumes it printed. Its folder alone (no SFT folder,
+    no merged model, as on a fresh machine) goes elsewhere and resumes with that command; rewards, losses, pool,
+    adapters and AdamW moments end where the straight 4-round run's end, bit for bit."""
+    import shutil
+    from kernelbench_tasks.synth import generate_pairs
+    pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    # rewards that differ inside every group, so that each update moves the adapters (a random model's kernels all
+    # fail: with the real scores the rounds' updates would leave them as the SFT left them)
+    monkeypatch.setattr(kz, "kernel_scores", lambda results: (torch.arange(len(results)).remainder(2).float(),
+                                                                torch.ones(len(results))))
+    # a clock on which each round of a process takes 60 s: after 2 rounds 120 + 1.1 * 60 = 186 s > 3 min
+    real, asked = kz.next_round_fits, []   # (asked: this process's questions, one before each round)
+    monkeypatch.setattr(kz, "next_round_fits", lambda elapsed, limit, round_s, eval_s=0.0:
+                        asked.append(1) or real(60.0 * (len(asked) - 1), limit, [60.0] * len(round_s), eval_s))
+    sft = tmp_path / "sft"
+    common = ["--preset", "tiny", "--device", "cpu", "--lora-rank", "4", "--sft", "--sft-data", str(data),
+              "--sft-steps", "2", "--sft-batch", "2", "--sft-dir", str(sft), "--eval-every", "0", "--rounds", "4"]
+    straight, stopped, fresh = (str(tmp_path / d) for d in ("straight", "stopped", "fresh"))
+    kz.cli(common + ["--run-dir", straight])
+    capsys.readouterr()
+    asked.clear()
+    state = kz.cli(common + ["--run-dir", stopped, "--time-limit", "3"])   # (returns: exit status 0)
+    out = capsys.readouterr().out
+    assert state["round"] == 2 and "Stopped before round 2 of 4, checkpoint written" in out
+    command = out.split("Resume with:\n")[1].split("\n")[0].split()
+    assert command == ["python", "kernelzero.py", "--resume", "--run-dir", stopped, "--time-limit", "3"]
+    assert open(os.path.join(stopped, "latest")).read() == "ckpt_00002"
+    assert not os.path.exists(os.path.join(stopped, "coder"))   # (merged models only at the end of a run)
+    shutil.copytree(stopped, fresh)
+    shutil.rmtree(sft)   # the warm start is in the checkpoint's adapters: a fresh machine does not need it
+    assert not list((tmp_path / "fresh").rglob("*.safetensors"))
+    asked.clear()   # (a new process: its clock starts at 0)
+    state = kz.cli(command[2:3] + ["--run-dir", fresh] + command[5:])
+    assert state["round"] == 4 and not sft.exists()   # (no SFT was made again)
+    assert _trainer_records(fresh) == _trainer_records(straight)
+    assert [r["round"] for r in _trainer_records(fresh)] == [0, 1, 2, 3]
+    for role in ("coder", "proposer"):
+        a, b = (torch.load(os.path.join(d, "ckpt_00004", f"{role}.pt")) for d in (straight, fresh))
+        assert _same_tree(a, b) and a["opt"]["state"]   # adapters and AdamW moments, bit for bit
+    moved = torch.load(os.path.join(straight, "ckpt_00004", "coder.pt"))["model"]
+    at_stop = torch.load(os.path.join(stopped, "ckpt_00002", "coder.pt"))["model"]
+    assert not all(torch.equal(at_stop[k], moved[k]) for k in moved)   # (rounds 2 and 3 trained them further)
+    first = torch.load(os.path.join(fresh, "coder", "adapter.pt"))["state"]
+    assert all(torch.equal(first[k], moved[k]) for k in moved)   # (the merged model's adapter: the final one)
+    with pytest.raises(SystemExit, match="nothing to resume in .*: it holds no checkpoint"):
+        kz.cli(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path / "never")])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_trainer_gpu_lora_update_and_merged_bf16_sampler():
