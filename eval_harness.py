@@ -164,6 +164,9 @@ DEFAULTS = dict(
                              # timed window); a model that cannot be captured: all of them eagerly
     timing_ci=0.02,          # (adaptive) the interval's width relative to the median
     timing_min_reps=20,      # (adaptive) floor on reps per model (ceiling: 300 reps or timing_budget_s)
+    timing_floor=0.5,        # a candidate median below this fraction of the time its task's inputs take to read once
+                             # at the GPU's peak memory bandwidth is not believed: timed again eagerly, and still below
+                             # it is reward_hack (check "below_bandwidth_floor"). 0: no floor; at most 1
     timing_headroom_us=0,    # GPU sleep enqueued after each rep's L2 flush, before the start event: a launch that
                              # takes the host longer than the flush (a loaded machine, a Python launcher) then leaves
                              # no idle GPU inside the timed window. 0: off (its effect is unmeasured)
@@ -197,6 +200,17 @@ DEFAULTS = dict(
                              # less what this process reserved
 )
 FIXED_TIMING = {"timing_adaptive": False, "timing_graphs": False}   # the eager fixed-budget rule (bench.py compares)
+
+
+def _check_options(opts: dict) -> None:
+    """An unknown option name is a TypeError, a value the harness cannot use a ValueError: said by the caller, not
+    found out inside every worker."""
+    unknown = set(opts) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    floor = opts.get("timing_floor", DEFAULTS["timing_floor"])
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor <= 1:
+        raise ValueError(f"timing_floor must be a number from 0 (no floor) to 1, not {floor!r}")
 
 
 def _truncate(text: str, n: int = 1500) -> str:
@@ -339,9 +353,7 @@ class Evaluator:
 
     def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=8,
                  gpu_checkers=None, **opts):
-        unknown = set(opts) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        _check_options(opts)
         self.backend, self.device, self.progress = backend, device or _default_device(), progress
         self.opts = {**DEFAULTS, **opts}
         if self.opts["compile_timeout"] is None:
@@ -476,9 +488,7 @@ class Evaluator:
         """This Evaluator's workers, gates and memory budget, sending jobs with other options: the trainer times its
         RL candidates with a shorter timing_budget_s than its held-out eval. Options that shape the workers or the
         time limits (memory_limit_gb, timeouts) stay the original's. Closing the view closes nothing."""
-        unknown = set(opts) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        _check_options(opts)
         if not self.reason:
             self._start()   # (the view must share these pools, not start its own)
         view = copy.copy(self)

@@ -6,10 +6,13 @@ The rule (README, "How a kernel is timed", has it with its measurements)
   the same two input sets. Each model's forward is captured once as a CUDA graph and replayed between two CUDA
   events; where either cannot be captured (a host sync in its forward), or a replay does not reproduce the
   reference outputs (a CUDA kernel launched on the legacy default stream runs during the capture but is not in the
-  graph), both are called eagerly with a device-wide synchronize before the end event. Before every rep a 256 MB
-  buffer is zeroed (an L2 flush). Reps go on until both medians' 95% confidence intervals are within `ci` (2%) of
-  them, at least `min_reps`, at most 300 reps or `budget_s` of wall time. A few unpredictable reps have the
-  candidate's output compared with the reference's.
+  graph), both are called eagerly with a device-wide synchronize before the end event. Every replay whose output is
+  compared starts from poisoned outputs (_poison_outputs), so a replay that writes nothing never passes on what the
+  capture left there. Before every rep a 256 MB buffer is zeroed (an L2 flush). Reps go on until both medians' 95%
+  confidence intervals are within `ci` (2%) of them, at least `min_reps`, at most 300 reps or `budget_s` of wall
+  time. A few unpredictable reps have the candidate's output compared with the reference's. A candidate median
+  below a fraction of the time its inputs take to read once at the GPU's peak bandwidth is not believed
+  (_time_within_floor): retimed eagerly, and still below it is the caller's `reward_hack`.
 
 How it departs from KernelBench's timing (src/eval.py: the model called between two CUDA events, a fixed number of
 trials, reference and candidate timed separately)
@@ -24,6 +27,7 @@ trials, reference and candidate timed separately)
      `mismatch` (check "timing_output").
   6. `exclusive()` / `after()`: the caller holds the GPU alone only for the timed reps; input copies, captures and
      warm-up overlap other workers' correctness checks.
+  7. A physical floor (_read_floor_ms): no kernel reads its inputs faster than the GPU's memory allows.
 
 Nothing to run: harness_worker.py imports it (bench.py harness --sections stability measures it). To a candidate it
 is part of the harness: static_checks bans importing it, and the identity snapshot covers its functions.
@@ -49,7 +53,7 @@ def _capture(model, pristine: list, stream) -> tuple:
     A replay reruns the captured kernels on whatever static_args hold then, with no Python in between. Raises where
     a forward cannot be captured: a host sync (.item(), a device-to-host copy), an unjoined side stream, an
     allocation outside the graph's pool. (A kernel launched on the legacy default stream runs during the capture
-    but is not in the graph: _graph_runners' replays on both input sets find it out.)"""
+    but is not in the graph: _graph_runners' replays, on poisoned outputs, find it out.)"""
     static = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
     graph = torch.cuda.CUDAGraph()
     stream.wait_stream(torch.cuda.current_stream())   # (the copies above first)
@@ -86,7 +90,8 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
         replays = []   # (name, its output's numbers on the device): all read at once below (a host read under
         for name, (graph, static, out) in runners.items():   # the shared turn waits for the other workers' slices)
             for inputs, ref_out in sets:   # (set 0 was the capture's own input: set 1 shows what replay reruns)
-                _load_static(static, inputs)
+                _poison_outputs(out, ref_out)   # (a replay that writes nothing must not pass on what the capture
+                _load_static(static, inputs)    # left there: a mean over random data barely changes between sets)
                 graph.replay()   # (the numbers are computed on the stream before the next replay rewrites `out`)
                 early, numbers = _output_numbers(out, ref_out, device, *tol)
                 if early:
@@ -104,11 +109,77 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
     return runners, None
 
 
+def _poison_outputs(out, ref_out) -> None:
+    """Overwrite a captured graph's outputs with values its comparison with `ref_out` cannot pass: NaN for floating
+    (and complex) outputs, the reference's values with their lowest bit flipped (logical not for bool) otherwise.
+    Stream-ordered before a check replay or a spot-checked rep, so that only what the replay itself writes is
+    compared: a kernel launched on the legacy default stream ran during the capture but is not in the graph, and
+    its output from then may still match the reference where the output hardly depends on the inputs (a mean loss
+    over random data). Raises where an output cannot be written (an expanded view): the caller times eagerly."""
+    for o, r in zip(_tensors(out), _tensors(ref_out)):
+        if o.is_floating_point() or o.is_complex():
+            o.fill_(float("nan"))
+        elif o.dtype == torch.bool:
+            torch.logical_not(r.to(o.device), out=o)
+        else:
+            torch.bitwise_xor(r.to(o.device), 1, out=o)
+
+
 def _load_static(static: list, inputs: list) -> None:
     """Copy one input set's values into a captured graph's input tensors (stream-ordered, before the flush)."""
     for s, x in zip(static, inputs):
         if isinstance(s, torch.Tensor):
             s.copy_(x)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The bandwidth floor: no kernel reads its inputs faster than the GPU's memory delivers them
+
+# peak memory bandwidth in bytes/s by device name, for where the device properties lack the memory clock and bus
+# width (CUDA 13 drops them): each name's fastest variant (H100 NVL 3.9 TB/s, SXM 3.35, PCIe 2.0), since a higher
+# peak is a lower floor and the floor must only catch the impossible; other GPUs get PEAK_BANDWIDTH_FALLBACK, above
+# any GPU's memory of today (B200: 8 TB/s)
+PEAK_BANDWIDTH = {"H200": 4.9e12, "H100": 3.9e12}
+PEAK_BANDWIDTH_FALLBACK = 10e12
+
+
+def peak_bandwidth(device) -> float:
+    """The GPU's peak memory bandwidth in bytes/s: memory clock (kHz) x bus width (bits) / 8 x 2 (double data rate)
+    from its device properties (H100 SXM: 2619 MHz x 5120 bits = 3.35 TB/s), or PEAK_BANDWIDTH's entry for its name
+    where that is larger; PEAK_BANDWIDTH_FALLBACK where neither is known."""
+    props = torch.cuda.get_device_properties(device)
+    known = [getattr(props, "memory_clock_rate", 0) * 1e3 * getattr(props, "memory_bus_width", 0) / 8 * 2]
+    known += [bandwidth for name, bandwidth in PEAK_BANDWIDTH.items() if name in props.name][:1]
+    return max(known) if max(known) > 0 else PEAK_BANDWIDTH_FALLBACK
+
+
+def _read_floor_ms(nbytes: int, bandwidth: float, fraction: float) -> float:
+    """`fraction` (the option timing_floor) of the ms that reading `nbytes` once at `bandwidth` bytes/s takes: the
+    floor below which a median is not believed (0: none). 512 MB at an H100's 3.35 TB/s: 0.16 ms, so 0.08 ms."""
+    return fraction * nbytes / bandwidth * 1e3
+
+
+def _time_within_floor(models: dict, trials: list, device, budget_s: float, checked: str, floor_ms: float,
+                       **rule) -> dict:
+    """_time_models, then the bandwidth floor: where the `checked` model's median is below `floor_ms` (the caller's
+    _read_floor_ms of the inputs) and no other model's is, the graph timing is not believed and every model is timed
+    again eagerly (graph_fallback says why; the spot checks and ref_intact of both timings count). Adds
+    times["below_floor"]: still below it (the caller's reward_hack). A reference below the floor too does not read
+    all of its inputs (a task may not), and then the floor says nothing about the candidate."""
+    def below(times: dict) -> bool:
+        return _median(times[checked]) < floor_ms and all(_median(times[name]) >= floor_ms for name in models
+                                                          if name != checked)
+
+    times = _time_models(models, trials, device, budget_s, checked=checked, **rule)
+    if times["method"] == "graph" and below(times):
+        first = times
+        times = _time_models(models, trials, device, budget_s, checked=checked, **dict(rule, graphs=False))
+        times.update(bad_output=first["bad_output"] + times["bad_output"],
+                     ref_intact=first["ref_intact"] and times["ref_intact"],
+                     graph_fallback=f"{checked}: its graph's median ({_median(first[checked]) * 1e3:.2f} us) is below "
+                                    f"the bandwidth floor ({floor_ms * 1e3:.2f} us)")
+    times["below_floor"] = below(times)
+    return times
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -183,6 +254,8 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
         pristine, ref_out = sets[rep % len(sets)]
         if runners:   # a graph replay: the rep's input values copied into the captured inputs, no Python between
             graph, static, out = runners[name]   # the start and end events, no host latency inside the window
+            if check:   # (what the replay leaves is compared below: nothing left from an earlier rep may pass)
+                _poison_outputs(out, ref_out)
             _load_static(static, pristine)
         else:
             args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, untimed

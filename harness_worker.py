@@ -53,7 +53,8 @@ from harness_compare import (_compare, _copy_out, _fingerprint_sums, _heavy_tol,
                              _within_kernels_reach)
 from harness_instrumentation import _Instrumentation
 from harness_processes import ask_memory, gpu_turn, lock_file, memory_need, yield_turn
-from harness_timing import _median, _median_ci_width, _time_models, _timing_rule
+from harness_timing import (_median, _median_ci_width, _read_floor_ms, _time_models, _time_within_floor,
+                            _timing_rule, peak_bandwidth)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -738,10 +739,11 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     # them shared again (a job that holds the GPU alone throughout, a rerun after an out-of-memory, keeps it)
     alone = (lambda: gpu_turn(conn, "exclusive"))
     shared = (lambda: gpu_turn(conn, "shared")) if ev.turn == "shared" else None
-    try:
-        times = _time_models({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
-                             checked="cand", tol=(ev.atol, ev.rtol), exclusive=alone, after=shared,
-                             **_timing_rule(opts))
+    try:   # (the floor: a median below it is not believed; the reference's inputs are what a kernel must read)
+        floor_ms = _read_floor_ms(_nbytes(trials[0]["inputs"]), peak_bandwidth(device), opts["timing_floor"])
+        times = _time_within_floor({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
+                                   "cand", floor_ms, tol=(ev.atol, ev.rtol), exclusive=alone, after=shared,
+                                   **_timing_rule(opts))
     except Exception as e:
         return ev.failed(_classify(e), _format_exception(e))
     hit = instr.verify()
@@ -758,6 +760,11 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
         return ev.failed("mismatch", "an output during the timing reps was wrong (cached/replayed result?)",
                          "timing_output")
     ref_ms, cand_ms = times["ref"], times["cand"]
+    details["read_floor_ms"] = floor_ms
+    if times["below_floor"]:
+        return ev.failed("reward_hack", f"median {_median(cand_ms) * 1e3:.2f} us, timed eagerly too, is below the "
+                         f"bandwidth floor of {floor_ms * 1e3:.2f} us (timing_floor={opts['timing_floor']:g} of reading "
+                         f"the inputs once at the GPU's peak bandwidth)", "below_bandwidth_floor")
     details.update(timing_s=_since(clock), timing_method=times["method"], reps=len(cand_ms), ref_reps=len(ref_ms),
                    median_ci=round(_median_ci_width(cand_ms), 4), ref_median_ci=round(_median_ci_width(ref_ms), 4),
                    mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
