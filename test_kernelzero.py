@@ -15,6 +15,7 @@ Suites, in this order:
   tests/harness.py             eval_harness.py, harness_processes.py and the worker side: known-good candidates,
                                anti reward hacking (a case per pitfall), isolation (timeouts, crashes, no processes
                                left), the GPU gate, lint, CLI, GPU tests
+  tests/graph_timing.py        the graph timing's replays that do nothing: poisoned outputs, the bandwidth floor
   tests/cuda_ext.py            cuda_ext/: fast_load_inline and the bench generators' candidates
   tests/tasks.py               kernelbench_tasks/: task library, API catalog, golden solutions, synthetic pairs
   tests/loss.py                the pure functions: advantages, CA-GRPO loss and rewards, frontier reward (kernelzero.py),
@@ -39,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the repositor
 import tests  # noqa: E402,F401  (first: the environment set-up, TRITON_INTERPRET before anything imports triton)
 
 from tests.harness import *  # noqa: E402,F401,F403
+from tests.graph_timing import *  # noqa: E402,F401,F403
 from tests.cuda_ext import *  # noqa: E402,F401,F403
 from tests.tasks import *  # noqa: E402,F401,F403
 from tests.loss import *  # noqa: E402,F401,F403
