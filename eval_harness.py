@@ -52,6 +52,11 @@ What the process isolation protects, and what it does not
   16 hangs, crashes, poisoned CUDA contexts: one killable process per candidate
   17 (ours) the stored reference outputs read through the worker's frames or gc and copied: static check, and an
      audit hook on the candidate's own calls for frames and live objects (harness_instrumentation)
+  18 (ours) a graph replay that does nothing: a kernel launched on the legacy default stream is not in the CUDA
+     graph captured for timing, and where the output hardly depends on the inputs (a mean loss over random data)
+     the output the capture left passes the replays' checks, so an empty graph is timed (323x): outputs poisoned
+     before every checked replay, and a median below timing_floor of reading the inputs once at the GPU's peak
+     bandwidth timed again eagerly, then reward_hack ("below_bandwidth_floor"; harness_timing)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's
@@ -77,7 +82,8 @@ How it departs from KernelBench's own eval (src/eval.py)
      device-wide synchronize when it cannot be captured, and reference and candidate always the same way
      (details["timing_method"]); a 256 MB L2 flush before every rep; reference and candidate interleaved in the
      candidate's process until both medians' 95% confidence intervals are within timing_ci (2%); spot checks of
-     timed outputs. README, "How a kernel is timed", has the whole rule.
+     timed outputs, on poisoned graph outputs; a bandwidth floor (timing_floor). README, "How a kernel is timed",
+     has the whole rule.
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 

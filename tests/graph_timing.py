@@ -200,9 +200,10 @@ def test_harness_timing_floor_retimes_eagerly_then_flags(monkeypatch):
 
 
 def test_harness_timing_floor_verdict_in_the_worker(monkeypatch):
-    """The worker's timing stage (_time_candidate, on a stand-in evaluation): the floor it asks for is timing_floor of
-    reading trial 0's inputs at peak_bandwidth; below_floor is reward_hack "below_bandwidth_floor", with the numbers
-    in the message; otherwise the speedup stands and details["read_floor_ms"] says the floor."""
+    """The worker's floor (_bandwidth_floor_ms, taken in stage 1 before the candidate exists) is timing_floor of
+    reading trial 0's inputs at peak_bandwidth; its timing stage (_time_candidate, on a stand-in evaluation) times
+    within that floor, and below_floor is reward_hack "below_bandwidth_floor", with the numbers in the message;
+    otherwise the speedup stands and details["read_floor_ms"] says the floor."""
     seen = {}
 
     def timed(models, trials, device, budget_s, checked, floor_ms, **rule):
@@ -226,6 +227,7 @@ def test_harness_timing_floor_verdict_in_the_worker(monkeypatch):
         ev = hw._Evaluation({"device": "cuda", "opts": dict(eh.DEFAULTS)}, conn=None)   # (no CUDA call is made)
         ev.instr, ev.ref_model, ev.cand_model, ev.atol, ev.rtol = Instrumentation(), None, None, 1e-4, 1e-4
         ev.trials = [{"inputs": [torch.zeros(2**20), 3], "out": torch.zeros(()), "heavy": False}]
+        ev.floor_ms = hw._bandwidth_floor_ms(ev.trials, ev.device, ev.opts)
         return ev, hw._time_candidate(ev)
 
     ev, verdict = stage(True)
