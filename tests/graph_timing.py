@@ -334,7 +334,7 @@ def test_harness_gpu_timing_legacy_stream_mean_loss_gets_no_impossible_speedup()
     if result.error_kind == "ok":
         read_ms = ht._read_floor_ms(512 * 2**20, ht.peak_bandwidth(0), 1.0)   # the whole read, at peak
         assert result.details["timing_method"] == "eager", result.details
-        assert "disagrees" in result.details["graph_fallback"], result.details
+        assert result.details["graph_fallback"], result.details   # (its replays disagree, or its capture failed)
         assert result.runtime_ms >= read_ms and result.speedup < 20, (result.runtime_ms, read_ms, result.speedup)
         assert result.details["read_floor_ms"] == pytest.approx(0.5 * read_ms)
 
@@ -355,7 +355,9 @@ def test_harness_gpu_timing_floor_retimes_eagerly_and_flags_an_impossible_median
         trials.append({"inputs": [a, b], "out": reference(a, b), "heavy": False})
     stored = trials[0]["out"].clone()
     floor_ms = ht._read_floor_ms(2 * n * 4, ht.peak_bandwidth(device), eh.DEFAULTS["timing_floor"])
-    rule = dict(ht._timing_rule(eh.DEFAULTS), tol=(0.0, 0.0))
+    # a loose tolerance: the stored result must pass the graphs' checks on both input sets (two MSE estimates over
+    # 64M values differ by ~5e-4, above fp32's 1e-4), so that it is timed as the graph the floor then doubts
+    rule = dict(ht._timing_rule(eh.DEFAULTS), tol=(1.0, 1.0))
     times = ht._time_within_floor({"ref": reference, "cand": lambda a, b: stored.clone()}, trials, device, 0.5,
                                   "cand", floor_ms, **rule)
     medians = {name: ht._median(times[name]) for name in ("ref", "cand")}
