@@ -115,7 +115,7 @@ def _poison_outputs(out, ref_out) -> None:
     Stream-ordered before a check replay or a spot-checked rep, so that only what the replay itself writes is
     compared: a kernel launched on the legacy default stream ran during the capture but is not in the graph, and
     its output from then may still match the reference where the output hardly depends on the inputs (a mean loss
-    over random data). Raises where an output cannot be written (an expanded view): the caller times eagerly."""
+    over random data). Raises where an output cannot be written: _graph_runners then times eagerly."""
     for o, r in zip(_tensors(out), _tensors(ref_out)):
         if o.is_floating_point() or o.is_complex():
             o.fill_(float("nan"))
@@ -136,7 +136,7 @@ def _load_static(static: list, inputs: list) -> None:
 # The bandwidth floor: no kernel reads its inputs faster than the GPU's memory delivers them
 
 # peak memory bandwidth in bytes/s by device name, for where the device properties lack the memory clock and bus
-# width (CUDA 13 drops them): each name's fastest variant (H100 NVL 3.9 TB/s, SXM 3.35, PCIe 2.0), since a higher
+# width (some CUDA and torch versions lack them): each name's fastest variant (H100 NVL 3.9 TB/s, SXM 3.35, PCIe 2.0), since a higher
 # peak is a lower floor and the floor must only catch the impossible; other GPUs get PEAK_BANDWIDTH_FALLBACK, above
 # any GPU's memory of today (B200: 8 TB/s)
 PEAK_BANDWIDTH = {"H200": 4.9e12, "H100": 3.9e12}
@@ -155,7 +155,7 @@ def peak_bandwidth(device) -> float:
 
 def _read_floor_ms(nbytes: int, bandwidth: float, fraction: float) -> float:
     """`fraction` (the option timing_floor) of the ms that reading `nbytes` once at `bandwidth` bytes/s takes: the
-    floor below which a median is not believed (0: none). 512 MB at an H100's 3.35 TB/s: 0.16 ms, so 0.08 ms."""
+    floor below which a median is not believed (0: none). 512 MB on an H100 (taken at 3.9 TB/s): 0.069 ms."""
     return fraction * nbytes / bandwidth * 1e3
 
 
