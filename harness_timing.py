@@ -136,9 +136,9 @@ def _load_static(static: list, inputs: list) -> None:
 # The bandwidth floor: no kernel reads its inputs faster than the GPU's memory delivers them
 
 # peak memory bandwidth in bytes/s by device name, for where the device properties lack the memory clock and bus
-# width (some CUDA and torch versions lack them): each name's fastest variant (H100 NVL 3.9 TB/s, SXM 3.35, PCIe 2.0), since a higher
-# peak is a lower floor and the floor must only catch the impossible; other GPUs get PEAK_BANDWIDTH_FALLBACK, above
-# any GPU's memory of today (B200: 8 TB/s)
+# width (some CUDA and torch versions do): each name's fastest variant (H100 NVL 3.9 TB/s, SXM 3.35, PCIe 2.0), as a
+# higher peak is a lower floor and the floor must only catch the impossible; other GPUs get PEAK_BANDWIDTH_FALLBACK,
+# above any GPU's memory of today (B200: 8 TB/s)
 PEAK_BANDWIDTH = {"H200": 4.9e12, "H100": 3.9e12}
 PEAK_BANDWIDTH_FALLBACK = 10e12
 
