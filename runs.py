@@ -247,7 +247,7 @@ def phases_line(times, rec):
     for role, what in (("proposer/probe_harness_s", "probe"), ("coder/harness_s", "coder")):
         busy = sum((rec.get(role) or {}).values())
         if busy:
-            parts.append(f"harness workers busy {busy:.0f}s on the {what} kernels (overlapping generation)")
+            parts.append(f"harness workers busy {busy:.1f}s on the {what} kernels (overlapping generation)")
     return "  time: " + ", ".join(parts)
 
 

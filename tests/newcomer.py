@@ -211,7 +211,7 @@ def test_newcomer_round_legend_and_timers_name_what_they_measured():
     text = kz.phases_line({"proposer_gen": 12.0, "validate": 3.0, "coder_gen": 40.0, "coder_eval": 0.0},
                           {"coder/harness_s": {"compile": 5.0, "run": 20.5}})
     assert "coder_eval" not in text and "Coder writes kernels 40.0s" in text and "then waits for the harness 0.0s" in text
-    assert "harness workers busy 26s on the coder kernels" in text
+    assert "harness workers busy 25.5s on the coder kernels" in text
 
 
 def test_newcomer_summary_says_what_trained_and_what_changed():
