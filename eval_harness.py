@@ -583,8 +583,15 @@ class Evaluator:
             pool, job = pools[i % len(pools)], {"kind": "lint", "src": srcs[i], "device": self.device, "opts": self.opts}
             return _lint_report(lambda: run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool)))
 
-        with concurrent.futures.ThreadPoolExecutor(self.gpu_workers * len(self.gpus) or self.cpu_workers) as ex:
-            return list(ex.map(one, range(len(srcs))))
+        from tqdm import tqdm
+        with concurrent.futures.ThreadPoolExecutor(self.gpu_workers * len(self.gpus) or self.cpu_workers) as ex, \
+                tqdm(total=len(srcs), desc=f"lint {len(srcs)} module(s)", leave=False,
+                     disable=not self.progress or len(srcs) < 2) as bar:
+            def counted(i):
+                report = one(i)
+                bar.update(1)
+                return report
+            return list(ex.map(counted, range(len(srcs))))
 
     def close(self) -> None:
         for pool in (self.pools or {}).values():

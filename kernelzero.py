@@ -71,8 +71,8 @@ from evaluation import held_out_eval, load_tasks, run_distill, run_eval
 from kernelbench_tasks import catalog, held_out_hashes, synth
 from models import ATTENTIONS, model_problem
 from report import UsageError, compare_evals, geomean_speedup, plot_runs
-from runs import (append_metrics, console_line, load_checkpoint, save_checkpoint, save_pretrained_atomic,
-                  write_jsonl)
+from runs import (ROUND_LEGEND, SFT_LOSSES, append_metrics, console_line, load_checkpoint, phases_line, run_summary,
+                  save_checkpoint, save_pretrained_atomic, write_json_atomic, write_jsonl)
 from sampling import (all_max, all_sum, autocast, barrier, chat, coder_prompt, focus, gather_rows,
                       generate_and_verify, graph_timed_frac, harness_device_for, harness_seconds, kernel_scores,
                       make_policy, microbatches, my_rows, open_evaluator, optimizer_step, phase_seed, proposer_prompt,
@@ -122,6 +122,9 @@ class Config:
     pad_batches: bool = True  # pad a smaller last generate batch to gen_batch_size (outputs dropped): one compiled
     #                           batch shape (off in the CPU presets, where nothing is compiled)
     one_shot: bool = True  # include the cuda_ext/example_* one-shot example in the Coder's prompt
+    lean_rollouts: bool = False  # cut a phase's completions to its longest one (not to max_new_tokens) and take the
+    #                              old log-probs from the update's own forward, detached (ratio 1, as with one epoch),
+    #                              so that a skipped update costs no forward at all (the CPU default; ppo_epochs 1)
     # proposer phase
     proposer_mode: str = "frontier"  # "frontier" (the method) or "uniform" (ablation: uniform API sampling, reward =
     #                                  validity only, every valid module joins the pool; probes still measure p)
@@ -167,6 +170,10 @@ class Config:
     sft_lr: float = 2e-5
     sft_batch: int = 16  # sequences per optimizer step
     sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
+    sft_fit: bool = False  # train only on pairs whose kernel fits max_new_tokens (a short budget in the CPU default
+    #                        must not teach answers cut off before their code block closes)
+    sft_merged: bool = True  # with LoRA, also write the merged models to the SFT folder (for `eval --coder-model
+    #                          SFT_DIR/coder`); the loop reads the adapters alone (adapter.pt): off in the CPU default
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
     timing_budget_s: float = 0.25  # ceiling on the harness's timing per correct candidate in the probe and Coder
@@ -200,17 +207,20 @@ PRESETS = {
                  eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
 }
 
-# The default preset on a machine without a GPU: Triton under the interpreter, SmolLM2, and budgets that show the
-# method at work in about 9 minutes on 2 cores (README, "Set up and run"). SFT starts from the verified pairs that
-# ship with the repo (no pair generation on a fresh clone), 20 steps at a high learning rate: the least that gets the
-# Proposer writing valid modules and the Coder stopping before the token limit. 768 new tokens hold most SFT targets;
-# four pool modules x 2 kernels give every seed module a try; no one-shot example halves every prompt. Its own SFT
-# folder: a GPU run must not reuse it.
+# The default preset on a machine without a GPU: Triton under the interpreter, SmolLM2, and budgets that show every
+# stage of the method run in about CPU_DEFAULT_MINUTES on 2 cores (README, "Set up and run"); a demonstration that
+# everything runs, not a result. On 2 cores everything is compute-bound (~150 trained tokens/s, ~40 sampled tokens/s
+# at batch 8), so the budget is tokens: LoRA rank 8 (small AdamW state, checkpoints of a few MB; the SFT folder keeps
+# the adapters alone), SFT of 8 steps of 2 on the shipped verified pairs whose kernel fits the 384-token completion
+# budget (no pair generation), prompts padded to 16 tokens instead of 256, no one-shot example, completions cut to
+# the longest one and no separate scoring pass (lean_rollouts), one round of 4 proposed modules (2 probes per valid
+# one) and 2 pool modules x 2 kernels. Its own SFT folder: a GPU run must not reuse it.
 CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu", backend="triton", rounds=1,
-                    max_new_tokens=768, max_prompt_tokens=1536, temperature=0.7, gen_batch_size=8, static_cache=False,
-                    pad_batches=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
-                    seed_pool=4, modules_per_round=4, group_size=2, micro_batch=2, sft_steps=20, sft_lr=2e-4,
-                    sft_batch=2, sft_dir=os.path.join("runs", "sft_cpu_smollm2_triton"),
+                    lora_rank=8, lr=1e-5, proposer_lr=1e-5, sft_lr=2e-3, max_new_tokens=384, max_prompt_tokens=1024,
+                    prompt_bucket=16, temperature=0.7, gen_batch_size=8, static_cache=False, pad_batches=False,
+                    one_shot=False, lean_rollouts=True, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
+                    seed_pool=4, modules_per_round=2, group_size=2, micro_batch=1, sft_steps=8, sft_batch=2,
+                    sft_fit=True, sft_merged=False, sft_dir=os.path.join("runs", "sft_cpu_smollm2_triton_lora8"),
                     sft_data=os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernelbench_tasks", "sft_data",
                                           "triton_2000.jsonl.gz"), eval_every=0, samples=2)
 
@@ -306,14 +316,26 @@ def sft_warm_start(cfg, device, harness_device):
     coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
     say(f"SFT warm start on {len(pairs)} pairs -> {out}")
     t0 = time.perf_counter()
-    for name, examples, path in ((cfg.coder_model, coder_ex, paths[0]), (cfg.proposer_model, proposer_ex, paths[1])):
+    losses = {}
+    for role, name, examples, path in (("coder", cfg.coder_model, coder_ex, paths[0]),
+                                       ("proposer", cfg.proposer_model, proposer_ex, paths[1])):
         policy = make_policy(name, cfg, cfg.sft_lr, device)
-        losses = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {os.path.basename(path)}")
-        say(f"sft {os.path.basename(path)}: loss {losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f}")
-        save_pretrained_atomic(policy, path)
+        if cfg.sft_fit:   # only kernels that fit the completion budget (the Proposer's modules are far shorter)
+            examples = [e for e in examples if len(policy.tok(e[1], add_special_tokens=False).input_ids)
+                        < cfg.max_new_tokens]
+            if not examples:
+                raise SystemExit(f"no SFT target of {data} fits --max-new-tokens {cfg.max_new_tokens}: raise it")
+            say(f"sft {role}: {len(examples)} targets fit the {cfg.max_new_tokens}-token completion budget")
+        losses[role] = sft_train(policy, examples, cfg, cfg.sft_steps, desc=f"sft {role} ({cfg.sft_steps} steps)")
+        say(f"sft {role}: loss {losses[role][0]:.3f} -> {sum(losses[role][-10:]) / len(losses[role][-10:]):.3f}")
+        save_pretrained_atomic(policy, path, merged=cfg.sft_merged or not lora)
         del policy
         if device.type == "cuda":   # SFT's logits (batch x length x vocab) leave tens of GB in torch's cache: give
             torch.cuda.empty_cache()   # them back, or the harness's workers find the GPU full (out of memory)
+    if rank() == 0:   # the loss curves, for the plot and the run's summary (main copies them into the run folder)
+        write_json_atomic(os.path.join(out, SFT_LOSSES), {**losses, "steps": cfg.sft_steps, "batch": cfg.sft_batch,
+                                                          "lr": cfg.sft_lr, "lora_rank": cfg.lora_rank,
+                                                          "seconds": time.perf_counter() - t0})
     say(f"SFT warm start took {time.perf_counter() - t0:.0f}s")
     return paths
 
@@ -475,9 +497,12 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
     rank_share = world() * mine / max(all_sum([mine])[0], 1.0)
     totals, ratio_max, skipped = Counter(), 0.0, 0
     model.train()
+    old_all = batch.get("old_logprobs")   # None (lean_rollouts): this forward's own, detached (ratio 1)
     for epoch in range(cfg.ppo_epochs):
         policy.opt.zero_grad(set_to_none=True)
-        for sl in microbatches(N, cfg.micro_batch):
+        parts = microbatches(N, cfg.micro_batch)   # (a bar on the CPU, where one microbatch takes seconds)
+        for sl in tqdm(parts, desc=f"update ({N} answers)", leave=False,
+                       disable=rank() > 0 or device.type != "cpu" or len(parts) < 2):
             # (None: a row with weight 0, so that this rank runs as many forwards and backwards as the others)
             rows = sl or slice(0, 1)
             mask = mask_all[rows]
@@ -489,7 +514,8 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
                     with torch.no_grad():
                         ref = sequence_logprobs(policy.ref, batch["input_ids"][rows], batch["attention_mask"][rows],
                                                 T, cfg.temperature, cfg.logprob_chunk)
-            loss, stats = ca_grpo_loss(logp, batch["old_logprobs"][rows], advantages[rows].to(device), mask,
+            old = old_all[rows] if old_all is not None else logp.detach()
+            loss, stats = ca_grpo_loss(logp, old, advantages[rows].to(device), mask,
                                        ref_logprobs=ref, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                        kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
             share = microbatch_weight(mask, mask_all, cfg.loss_agg) * rank_share if sl else 0.0
@@ -729,7 +755,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
 
 
 # Wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
-CPU_DEFAULT_MINUTES = 9
+CPU_DEFAULT_MINUTES = 5   # measured 4.3 min on a quiet machine (2026-12-06)
 
 
 def plan(cfg, device):
@@ -810,6 +836,12 @@ def main(cfg):
     # have it), except that with kl_coef > 0 the KL reference is the warm start itself.
     need_sft = cfg.sft and (not resuming or cfg.kl_coef > 0)
     sft_paths = sft_warm_start(cfg, device, harness_device) if need_sft else (None, None)
+    sft_losses = None   # (the plot and the summary read them from the run folder)
+    if need_sft and os.path.exists(os.path.join(os.path.dirname(sft_paths[0]), SFT_LOSSES)):
+        with open(os.path.join(os.path.dirname(sft_paths[0]), SFT_LOSSES)) as f:
+            sft_losses = json.load(f)
+        if rank() == 0:
+            write_json_atomic(os.path.join(cfg.run_dir, SFT_LOSSES), sft_losses)
     coder = make_policy(cfg.coder_model, cfg, cfg.lr, device, sft_path=sft_paths[0])
     proposer = make_policy(cfg.proposer_model, cfg, cfg.proposer_lr, device, sft_path=sft_paths[1])
     metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
@@ -832,7 +864,7 @@ def main(cfg):
     round_s = [r["time/round"] - r.get("time/eval", 0.0) - r.get("time/eval_ends", 0.0) for r in records
                if r["round"] >= 0 and "time/round" in r]
     limit_s = cfg.time_limit * 60 if cfg.time_limit else math.inf
-    stopped = False
+    stopped, legend_said = False, False
     with open_evaluator(cfg, harness_device, device) as held_out_ev:
         ev = held_out_ev.with_options(timing_budget_s=cfg.timing_budget_s)   # the probe and Coder phases
         if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
@@ -876,8 +908,11 @@ def main(cfg):
             # the previous checkpoint: the estimate above counts one checkpoint per round
             rec.update({f"time/{k}": v for k, v in times.items()}, **{"time/round": t1 - t0})
             append_metrics(metrics_path, state, rec)
+            if not legend_said:
+                say(ROUND_LEGEND)
+                legend_said = True
             say(console_line(rec, cfg))
-            say("  phases: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
+            say(phases_line(times, rec))
             size = save_checkpoint(cfg.run_dir, coder, proposer, state)
             t2 = time.perf_counter()
             round_s.append(t2 - t0 - times.get("eval", 0.0) - times.get("eval_ends", 0.0))
@@ -897,12 +932,16 @@ def main(cfg):
             f"round{guess} would not fit. Stopped before round {state['round']} of {cfg.rounds}, checkpoint "
             f"written. Resume with:\n  {command}", flush=True)
         return state
+    t_save = time.perf_counter()
     for role, pol in (("coder", coder), ("proposer", proposer)):  # for `eval --coder-model RUN_DIR/coder`
         save_pretrained_atomic(pol, os.path.join(cfg.run_dir, role))
+    say(f"saved the final models in {time.perf_counter() - t_save:.0f}s")
+    say(run_summary(records, sft_losses, cfg, device.type))
     say(f"done in {(time.perf_counter() - t_start) / 60:.1f} min. Results in {cfg.run_dir}/: metrics.jsonl (one line "
-        f"a round), coder/ and proposer/ (the trained models). Next: `python kernelzero.py plot {cfg.run_dir}` "
-        f"draws the curves; `python kernelzero.py eval --coder-model {cfg.run_dir}/coder --backend {cfg.backend}` "
-        f"scores the Coder on held-out tasks.")
+        f"a round), {SFT_LOSSES if sft_losses else ''}{', ' if sft_losses else ''}coder/ and proposer/ (the trained "
+        f"models). Next: `python kernelzero.py plot {cfg.run_dir}` draws the curves; `python kernelzero.py eval "
+        f"--coder-model {cfg.run_dir}/coder --backend {cfg.backend}` scores the Coder on held-out tasks. A second run "
+        f"needs a new --run-dir (or --resume with more --rounds to continue this one).")
     return state
 
 
@@ -973,6 +1012,8 @@ def config_problem(cfg, roles=("coder", "proposer")):
         return "--offload-idle: not under torchrun (FSDP2 already spreads the weights over the GPUs)"
     if "LOCAL_RANK" in os.environ and cfg.logprob_chunk:
         return "--logprob-chunk: not under torchrun (it calls the model's parts, which FSDP2 gathers as a whole); use 0"
+    if cfg.lean_rollouts and cfg.ppo_epochs != 1:
+        return f"--lean-rollouts takes the old log-probs from the update's first forward: --ppo-epochs must be 1"
     if cfg.frontier_low > cfg.frontier_high:
         return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
     if not cfg.run_dir.strip():

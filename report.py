@@ -200,7 +200,7 @@ def plot_runs(run_dirs):
     except ImportError:
         print("plotting needs matplotlib: pip install matplotlib")
         return None
-    runs, configs = {}, []
+    runs, configs, sft = {}, [], {}
     for d in run_dirs:
         path = os.path.join(d, "metrics.jsonl")
         if not os.path.isfile(path):
@@ -210,6 +210,8 @@ def plot_runs(run_dirs):
             print(f"{path} has no rounds yet (a run writes one line a finished round): left out")
             continue
         runs[os.path.basename(os.path.normpath(d))] = rows
+        with contextlib.suppress(OSError, ValueError):   # the SFT warm start's losses per step (kernelzero.py writes it)
+            sft[os.path.basename(os.path.normpath(d))] = json.load(open(os.path.join(d, "sft_losses.json")))
         with contextlib.suppress(OSError, ValueError):
             configs.append(json.load(open(os.path.join(d, "config.json"))))
     if not runs:
@@ -241,18 +243,43 @@ def plot_runs(run_dirs):
             left_out.append(f"{title} ({values.pop():g} throughout)")
         else:
             drawn.append((title, keys))
+    sft_keys = [k for k in ("coder", "proposer") if any(v.get(k) for v in sft.values())]
+    if sft_keys:   # its own x axis: SFT steps, before round 0
+        drawn.insert(0, ("SFT loss (before the rounds)", sft_keys))
+    else:
+        left_out.append("SFT loss (no sft_losses.json)")
     rows_n = max(1, math.ceil(len(drawn) / 4))
     cols = max(1, math.ceil(len(drawn) / rows_n))   # 5 panels: 2 x 3, not 2 x 4 with three empty
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 4.2 * rows_n), squeeze=False, layout="constrained")
     for ax in axes.flat[len(drawn):]:
         ax.set_axis_off()
+    # One run: a colour and a marker per metric. Several: a colour per run, a line style and a marker per metric.
+    # Markers differ in shape and size (filled, hollow, small) so that series with equal values (a single round,
+    # two shares both 1.0) stay visible on top of each other.
+    styles = [dict(linestyle="-", marker="o", ms=8), dict(linestyle="--", marker="s", ms=11, mfc="none", mew=1.5),
+              dict(linestyle=":", marker="^", ms=6)]
     for ax, (title, keys) in zip(axes.flat, drawn):
+        if title.startswith("SFT"):
+            for i, (name, losses) in enumerate(sft.items()):
+                prefix = f"{name}: " if len(runs) > 1 else ""
+                for j, (key, style) in enumerate(zip(keys, styles)):
+                    ys = [y for y in losses.get(key) or [] if _finite(y)]
+                    if ys:
+                        ax.plot(range(1, len(ys) + 1), ys, color=f"C{i if len(runs) > 1 else j}",
+                                label=prefix + f"{key} SFT loss", **{**style, "ms": style["ms"] * 0.6})
+            ax.set_title(title)
+            ax.set_xlabel("SFT step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            handles, labels = ax.get_legend_handles_labels()
+            ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+            continue
         for i, (name, rows) in enumerate(runs.items()):
             prefix = f"{name}: " if len(runs) > 1 else ""
-            for key, style in zip(keys, ("-", "--", ":")):   # colour = run, line style = metric
+            for j, (key, style) in enumerate(zip(keys, styles)):
                 pts = [(r["round"], r[key]) for r in rows if _finite(r.get(key))]
                 if pts:
-                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{i}", label=prefix + key)
+                    ax.plot(*zip(*pts), color=f"C{i if len(runs) > 1 else j}", label=prefix + key,
+                            **{**style, "ms": style["ms"] if len(pts) < 12 else style["ms"] / 2})
             if title.startswith("Frontier"):  # each probed module's pass rate: the distribution behind the mean
                 dots = [(r["round"], p) for r in rows for p in r.get("proposer/pass_rates") or []]
                 if dots:
@@ -271,10 +298,10 @@ def plot_runs(run_dirs):
         handles, labels = ax.get_legend_handles_labels()
         if len(runs) > 1:
             shown = [k for k in keys if any(lab.endswith(": " + k) for lab in labels)]
-            handles = [Line2D([], [], color="black", linestyle=st) for k, st in zip(keys, ("-", "--", ":")) if k in shown]
+            handles = [Line2D([], [], color="black", **st) for k, st in zip(keys, styles) if k in shown]
             labels = shown + (["modules' pass rates (dots)"] if ax.collections else [])
             handles += [Line2D([], [], color="grey", marker="o", linestyle="", alpha=0.5)] if ax.collections else []
-        if len(labels) > 1:   # (one metric: the title names it)
+        if labels:   # (even one metric: its name says which field of metrics.jsonl it is)
             ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False,
                       handlelength=3)
     if len(runs) > 1:

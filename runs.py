@@ -41,10 +41,10 @@ def plain_model(model):
     return AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
 
 
-def save_pretrained_atomic(policy, path):
+def save_pretrained_atomic(policy, path, merged=True):
     """The trained model in Hugging Face format (for `eval --coder-model PATH`), whole, written by rank 0. With LoRA
     the adapters are merged into the weights, and path/adapter.pt keeps them alone (a run with --sft and --lora-rank
-    goes on training them)."""
+    goes on training them); merged=False writes adapter.pt alone (a few MB instead of the whole model)."""
     lora = adapters(policy.model)
     weights = full_state(policy)[0] if dist.is_initialized() else policy.model.state_dict()   # (FSDP2: all ranks)
     if rank() == 0:
@@ -52,9 +52,11 @@ def save_pretrained_atomic(policy, path):
         shutil.rmtree(tmp, ignore_errors=True)
         if lora:
             m = next(iter(lora.values()))
-            plain = plain_model(policy.model)
-            plain.load_state_dict(merged_state_dict(weights, m.scale))
-            plain.save_pretrained(tmp)
+            os.makedirs(tmp)
+            if merged:
+                plain = plain_model(policy.model)
+                plain.load_state_dict(merged_state_dict(weights, m.scale))
+                plain.save_pretrained(tmp)
             torch.save({"base": policy.source, "lora_rank": m.rank, "lora_alpha": m.alpha,
                         "state": {k: weights[k].detach().cpu() for k in trained_names(policy.model)}},
                        os.path.join(tmp, "adapter.pt"))
@@ -78,6 +80,15 @@ def full_state(policy, trained_only=False):
         trained = set(trained_names(policy.model))
         model = {k: v for k, v in model.items() if k in trained}
     return model, get_optimizer_state_dict(policy.model, policy.opt, options=whole)
+
+
+SFT_LOSSES = "sft_losses.json"   # in the SFT folder and the run folder: {"coder": [per step], "proposer": [...], ...}
+
+
+def write_json_atomic(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
 
 
 def write_jsonl(path, rows):
@@ -208,3 +219,73 @@ def append_metrics(metrics_path, state, rec):
         with open(metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
     state["metrics_lines"] += 1
+
+
+ROUND_LEGEND = """\
+How to read the round line (printed once):
+  proposer valid  share of the Proposer's modules that passed validation (code block, APIs used, new, linted)
+           p      the Coder's mean pass rate on its probes of the valid modules ("-": no valid module to probe)
+           reward the Proposer's mean reward (-1 for an invalid module; 1 - 2|p - 1/2| for a valid one)
+           +N     modules that joined the Coder's training pool this round; pool: the pool's size
+  coder    pass   share of the Coder's kernels the harness found correct
+           reward mean CA-GRPO reward; zero-std: share of groups whose rewards were all equal (no gradient: dropped)
+           loss   the update's loss ("-": no update ran); clip: share of clipped probability ratios
+  the last field  the round's wall time. "-" always means: not measured this round"""
+
+# what each timer of a round measured (kernelzero.py's `times`), in the order the round runs
+PHASE_NAMES = {"proposer_gen": "Proposer writes modules", "validate": "lint them",
+               "probe_gen": "Coder writes probe kernels", "probe_eval": "then waits for the harness",
+               "proposer_update": "Proposer update", "coder_gen": "Coder writes kernels",
+               "coder_eval": "then waits for the harness", "coder_update": "Coder update",
+               "eval": "held-out eval", "eval_ends": "held-out eval"}
+
+
+def phases_line(times, rec):
+    """The round's timers by what they measured. A phase's kernels are checked while the rest of it still generates,
+    so "waits for the harness" is only what is left after generation; the harness's own work is the worker time."""
+    parts = [f"{PHASE_NAMES.get(k, k)} {v:.1f}s" for k, v in times.items()]
+    for role, what in (("proposer/probe_harness_s", "probe"), ("coder/harness_s", "coder")):
+        busy = sum((rec.get(role) or {}).values())
+        if busy:
+            parts.append(f"harness workers busy {busy:.1f}s on the {what} kernels (overlapping generation)")
+    return "  time: " + ", ".join(parts)
+
+
+def run_summary(records, sft, cfg, device_type):
+    """What a finished run did, in plain words: what trained, what changed, and (on the CPU) what the run shows.
+    records: the rounds' metrics; sft: the SFT losses (sft_losses.json) or None when no SFT ran or was reused."""
+    lines = ["Summary:"]
+    if sft:
+        for role in ("coder", "proposer"):
+            ls = sft.get(role) or []
+            if ls:
+                tail = ls[-min(3, len(ls)):]
+                lines.append(f"  SFT trained the {role.capitalize()}: {len(ls)} steps of {sft.get('batch', '?')}, "
+                             f"loss {ls[0]:.3f} -> {sum(tail) / len(tail):.3f}")
+    elif cfg.sft:
+        lines.append("  SFT: none recorded for this run")
+    rounds = [r for r in records if r.get("round", -1) >= 0]
+    changed = False
+    for role in ("proposer", "coder"):
+        # a step moves the weights only when some group had reward spread (equal rewards: every advantage is 0)
+        moved = [r for r in rounds if f"{role}/loss" in r and not r.get(f"{role}/skipped_steps")
+                 and r.get(f"{role}/frac_reward_zero_std", 0.0) < 1.0]
+        flat = [r for r in rounds if r.get(f"{role}/frac_reward_zero_std") == 1.0]
+        changed |= bool(moved)
+        why = (f"; in {len(flat)} every group had equal rewards (zero reward spread: no gradient, the update was "
+               f"skipped or moved nothing)" if flat else "")
+        lines.append(f"  RL: the {role.capitalize()} was updated with a gradient in {len(moved)} of {len(rounds)} "
+                     f"round(s){why}")
+    if rounds and not changed:
+        lines.append("  So RL changed nothing: the final models are the SFT warm start" if cfg.sft else
+                     "  So RL changed nothing: the final models are the models the run started from")
+    if rounds:
+        n = sum(sum((r.get("coder/errors") or {}).values()) for r in rounds)
+        ok = sum((r.get("coder/errors") or {}).get("ok", 0) for r in rounds)
+        lines.append(f"  The Coder wrote {ok} correct kernel(s) of {n} in its phase")
+    if device_type == "cpu":
+        lines.append("  This CPU run shows that every stage runs on your machine: SFT, proposing, linting, probing, "
+                     "writing kernels, checking them under the Triton interpreter, the CA-GRPO update path, "
+                     "checkpoints. It does not show that the method improves a Coder: a 135M model, a few steps "
+                     "and a handful of kernels are far too little (README, \"The small replication\": a GPU run).")
+    return "\n".join(lines)

@@ -629,7 +629,14 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
     chunks, masks, texts = [], [], []
     B = cfg.gen_batch_size
     starts = range(0, len(enc_ids), B)
-    for i in tqdm(starts, desc=desc, leave=False, disable=len(starts) < 2 or rank() > 0):
+    lean = getattr(cfg, "lean_rollouts", False)
+    # progress: on a GPU one step per generate call; on the CPU, where one call takes minutes, one step per token
+    per_token = device.type == "cpu" and rank() == 0
+    bar = tqdm(total=len(starts) * T if per_token else len(starts), desc=f"{desc} ({len(enc_ids)} x <= {T} tokens)",
+               leave=False, disable=rank() > 0 or (not per_token and len(starts) < 2))
+    if per_token:
+        gen_kwargs["stopping_criteria"] = token_ticks(bar)
+    for i in starts:
         ids, mask = enc_ids[i:i + B], enc_mask[i:i + B]
         n = ids.shape[0]
         if cfg.pad_batches and n < B:
@@ -641,19 +648,32 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
         with gpu_turn():
             out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                    **gen_kwargs)[:n, ids.shape[1]:]
+        if per_token:   # (the bar's count for this call: a call stops when all its answers have)
+            bar.n = (starts.index(i) + 1) * T
+            bar.refresh()
+        else:
+            bar.update(1)
         chunks.append(F.pad(out, (0, T - out.shape[1]), value=tok.pad_token_id))  # generate stops when all finished
         masks.append(completion_mask(chunks[-1], stops))
         texts += tok.batch_decode(chunks[-1] * masks[-1].long() + tok.pad_token_id * (1 - masks[-1].long()),
                                   skip_special_tokens=True, clean_up_tokenization_spaces=False)
         if on_chunk:
             on_chunk(i, texts[i:])
+    bar.close()
     empty = torch.zeros(0, T, dtype=torch.long, device=device)   # (a rank with no rows: more ranks than prompts)
     completion_ids, cmask = torch.cat(chunks or [empty]), torch.cat(masks or [empty.float()])  # (N, T) each
+    if lean and len(cmask):   # the longest answer's length instead of T: every forward after this is shorter
+        T = max(int(cmask.sum(1).max()), 1)
+        completion_ids, cmask = completion_ids[:, :T], cmask[:, :T]
     gen_s = time.perf_counter() - t0
     input_ids = torch.cat([enc_ids.to(device), completion_ids], 1)  # (N, P+T)
     attention_mask = torch.cat([enc_mask.to(device), torch.ones_like(completion_ids)], 1)
     t0 = time.perf_counter()
     model.eval()
+    if lean:   # no scoring pass: policy_update takes the old log-probs from its own forward (ppo_epochs 1: ratio 1)
+        return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
+                    old_logprobs=None, timing=dict(gen_s=gen_s, logprob_s=0.0, new_tokens=int(cmask.sum()),
+                                                   tokens_per_s=int(cmask.sum()) / max(gen_s, 1e-9)))
     old = [torch.zeros(0, T, device=device)]
     pad_row = torch.full((1, input_ids.shape[1]), tok.pad_token_id, device=device)
     for sl in microbatches(len(input_ids), cfg.micro_batch):
@@ -672,6 +692,17 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
 
 # -----------------------------------------------------------------------------
 # Verification: the harness's verdicts on a phase's answers
+
+
+def token_ticks(bar):
+    """generate's stopping criteria that never stop: they move a progress bar one token per decode step."""
+    from transformers import StoppingCriteria, StoppingCriteriaList   # (imported where used: the CLI starts without)
+
+    class Ticks(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            bar.update(1)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    return StoppingCriteriaList([Ticks()])
 
 
 def run_kernels(ev, refs, completions):

@@ -169,8 +169,10 @@ def test_newcomer_cpu_default_starts_from_shipped_pairs_and_says_its_plan(tmp_pa
     cfg = kz.parse_config(["--run-dir", str(tmp_path / "run")])
     assert cfg.device == "cpu" and cfg.backend == "triton" and cfg.coder_model == "smollm2"
     assert kz.os.path.isfile(cfg.sft_data) and cfg.sft_dir and "cpu" in cfg.sft_dir
-    # SFT targets are not cut short by the completion budget half the time (their median is ~514 tokens)
-    assert cfg.max_new_tokens >= 768 and cfg.group_size >= 2 and cfg.modules_per_round * cfg.group_size >= 8
+    # SFT never teaches an answer cut off by the completion budget: only kernels that fit are trained on
+    assert cfg.sft_fit and cfg.group_size >= 2 and cfg.modules_per_round * cfg.group_size >= 4
+    # small on disk: adapters in the SFT folder and the checkpoints, not whole models with their AdamW state
+    assert cfg.lora_rank > 0 and not cfg.sft_merged and cfg.lean_rollouts and "lora" in cfg.sft_dir
 
     class Started(Exception):
         pass
@@ -195,3 +197,63 @@ def test_newcomer_eval_checks_only_the_model_it_loads(tmp_path, capsys, monkeypa
     code, err = _usage_error(kz, capsys, ["eval", "--preset", "tiny", "--coder-model", "./not_there",
                                           "--run-dir", str(tmp_path)])
     assert code == 2 and "--coder-model ./not_there" in err and ran == ["tiny"]
+
+
+def test_newcomer_round_legend_and_timers_name_what_they_measured():
+    """The legend explains every field of the round line; the timers say what they timed, and the harness's own
+    work (which overlaps generation) is reported as worker time instead of a misleading 0.0 s."""
+    import kernelzero as kz
+    line = kz.console_line({"round": 0, "pool_size": 4, "time/round": 10.0}, kz.Config(device="cpu"))
+    fields = ["proposer valid", " p ", "reward", "+0", "pool", "coder pass", "zero-std", "loss", "clip"]
+    assert all(f in line.splitlines()[0] for f in fields)
+    for word in ("valid", "p ", "reward", "+N", "pool", "pass", "zero-std", "loss", "clip", "wall time", '"-"'):
+        assert word in kz.ROUND_LEGEND, word
+    text = kz.phases_line({"proposer_gen": 12.0, "validate": 3.0, "coder_gen": 40.0, "coder_eval": 0.0},
+                          {"coder/harness_s": {"compile": 5.0, "run": 20.5}})
+    assert "coder_eval" not in text and "Coder writes kernels 40.0s" in text and "then waits for the harness 0.0s" in text
+    assert "harness workers busy 25.5s on the coder kernels" in text
+
+
+def test_newcomer_summary_says_what_trained_and_what_changed():
+    import kernelzero as kz
+    cfg = kz.Config(device="cpu", sft=True)
+    sft = {"coder": [2.0, 1.5, 1.0, 0.5], "proposer": [1.0, 0.9], "batch": 2}
+    flat = {"round": 0, "proposer/frac_reward_zero_std": 1.0, "coder/frac_reward_zero_std": 1.0,
+            "coder/errors": {"format": 3, "compile": 1}}
+    text = kz.run_summary([flat], sft, cfg, "cpu")
+    assert "SFT trained the Coder: 4 steps of 2, loss 2.000 -> 1.000" in text
+    assert "the Coder was updated with a gradient in 0 of 1 round(s); in 1 every group had equal rewards" in text
+    assert "So RL changed nothing: the final models are the SFT warm start" in text
+    assert "0 correct kernel(s) of 4" in text and "does not show that the method improves a Coder" in text
+    trained = {**flat, "coder/frac_reward_zero_std": 0.5, "coder/loss": 0.1, "coder/errors": {"ok": 1, "format": 3}}
+    text = kz.run_summary([flat, {**trained, "round": 1}], None, kz.Config(device="cuda", sft=False), "cuda")
+    assert "the Coder was updated with a gradient in 1 of 2 round(s)" in text and "changed nothing" not in text
+    assert "CPU run" not in text
+
+
+def test_newcomer_plot_tells_series_apart_at_one_round_and_draws_the_sft_loss(tmp_path):
+    """One round: every series of a panel is a single point, so colour and marker (not line style) must tell them
+    apart; the SFT loss has its own panel, by step."""
+    import matplotlib.figure
+
+    import kernelzero as kz
+    run = tmp_path / "run"
+    run.mkdir()
+    row = {"round": 0, "coder/frac_reward_zero_std": 1.0, "proposer/frac_reward_zero_std": 1.0,
+           "coder/duplicate_frac": 0.0, "coder/pass_rate": 0.0}
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (run / "sft_losses.json").write_text(json.dumps({"coder": [2.0, 1.0, 0.5], "proposer": [1.0, 0.8, 0.7]}))
+    saved = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+        kz.cli(["plot", str(run)])
+    axes = {ax.get_title(): ax for ax in saved[0].axes if ax.axison}
+    sft = axes["SFT loss (before the rounds)"]
+    assert [list(ln.get_ydata()) for ln in sft.lines] == [[2.0, 1.0, 0.5], [1.0, 0.8, 0.7]]
+    assert sft.get_xlabel() == "SFT step"
+    lines = axes["Zero-std groups, duplicate kernels"].lines
+    assert len(lines) == 3
+    assert len({ln.get_color() for ln in lines}) == 3 and len({ln.get_marker() for ln in lines}) == 3
+    assert lines[1].get_markerfacecolor() == "none" and lines[1].get_markersize() > lines[0].get_markersize()
+    labels = [t.get_text() for t in axes["Zero-std groups, duplicate kernels"].get_legend().get_texts()]
+    assert labels == ["coder/frac_reward_zero_std", "proposer/frac_reward_zero_std", "coder/duplicate_frac"]

@@ -437,6 +437,35 @@ def test_trainer_rollout_pads_the_last_batch_and_drops_the_copies():
     _trainer_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-6)
 
 
+def test_trainer_lean_rollout_cuts_completions_and_the_update_matches_the_scored_one():
+    """lean_rollouts: completions end at the longest answer, no scoring pass (old_logprobs None), and the update,
+    which takes the old log-probs from its own forward, is the update of the scored full-length batch."""
+    cfg = _trainer_cfg(max_new_tokens=24, prompt_bucket=16, gen_batch_size=4, micro_batch=2, lr=1e-2)
+    torch.manual_seed(0)
+    pols = [kz.make_policy("tiny", cfg, cfg.lr, torch.device("cpu")) for _ in range(2)]
+    pols[1].model.load_state_dict(pols[0].model.state_dict())
+    prompts = ["ab", "ab", "cde", "cde"]
+    stop = pols[0].tok.convert_tokens_to_ids(pols[0].tok.eos_token)
+    for p in pols:   # an EOS-leaning model: answers of different lengths, shorter than the budget
+        head = p.model.get_output_embeddings()
+        head.bias = torch.nn.Parameter(torch.zeros(head.out_features), requires_grad=False)
+        with torch.no_grad():
+            head.bias[stop] = 4.0
+    full = kz.rollout(pols[0].model, pols[0].tok, prompts, cfg, seed=3)
+    lean = kz.rollout(pols[1].model, pols[1].tok, prompts, dataclasses.replace(cfg, lean_rollouts=True), seed=3)
+    assert lean["completions"] == full["completions"] and lean["old_logprobs"] is None
+    n = int(full["completion_mask"].sum(1).max())
+    assert n < cfg.max_new_tokens and full["completion_mask"].shape == (4, cfg.max_new_tokens)
+    assert lean["completion_mask"].shape == (4, n) and torch.equal(lean["completion_mask"], full["completion_mask"][:, :n])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    stats = [kz.policy_update(p, b, adv, cfg) for p, b in ((pols[0], full), (pols[1], lean))]
+    assert stats[1]["ratio_max"] == pytest.approx(1.0) and stats[1]["loss"] == pytest.approx(stats[0]["loss"], abs=1e-5)
+    for a, b in zip(pols[0].model.parameters(), pols[1].model.parameters()):
+        _trainer_close(a, b.tolist(), atol=1e-5)
+    with pytest.raises(kz.UsageError, match="--ppo-epochs must be 1"):
+        kz.parse_config(["--preset", "tiny", "--lean-rollouts", "--ppo-epochs", "2"])
+
+
 def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkeypatch):
     """Each generate call's kernels reach the harness while the next call generates (deterministic: the second
     generate call waits until the harness has the first chunk; a sequential version times out here), every generate
@@ -1002,13 +1031,25 @@ def test_trainer_lora_run_end_to_end_sft_then_rounds_and_resume(tmp_path, capsys
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     common = ["--preset", "tiny", "--device", "cpu", "--lora-rank", "4", "--sft", "--sft-data", str(data),
-              "--sft-steps", "2", "--sft-batch", "2", "--sft-dir", str(tmp_path / "sft"), "--eval-every", "0"]
+              "--sft-steps", "2", "--sft-batch", "2", "--sft-dir", str(tmp_path / "sft"), "--eval-every", "0",
+              "--no-sft-merged"]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     kz.cli(common + ["--run-dir", straight, "--rounds", "2"])
-    assert "training LoRA adapters of rank 4." in capsys.readouterr().out   # (the plan's first line says so)
+    out = capsys.readouterr().out
+    assert "training LoRA adapters of rank 4." in out   # (the plan's first line says so)
+    # the round line's legend once, timers named by what they measured, a summary that says what changed
+    assert out.count(kz.ROUND_LEGEND) == 1 and out.index(kz.ROUND_LEGEND) < out.index("round   0 |")
+    assert "Coder writes kernels" in out and "coder_eval" not in out
+    summary = out[out.index("Summary:"):]
+    assert "SFT trained the Coder: 2 steps of 2" in summary and "So RL changed nothing" in summary
+    assert "updated with a gradient in 0 of 2 round(s); in 2 every group had equal rewards" in summary
+    losses = json.load(open(os.path.join(straight, "sft_losses.json")))   # the plot's SFT panel reads them
+    assert len(losses["coder"]) == len(losses["proposer"]) == 2 and all(math.isfinite(x) for x in losses["coder"])
     sft = torch.load(tmp_path / "sft" / "coder" / "adapter.pt")
     assert sft["base"] == "tiny" and sft["lora_rank"] == 4 and all("lora_" in k for k in sft["state"])
-    assert os.path.exists(tmp_path / "sft" / "coder" / "config.json")   # the merged model, for eval
+    # --no-sft-merged: the SFT folder holds the adapters alone (the CPU default: MBs instead of the whole models)
+    assert not os.path.exists(tmp_path / "sft" / "coder" / "config.json")
+    assert os.path.exists(tmp_path / "sft" / "sft_losses.json")
     kz.cli(common + ["--run-dir", resumed, "--rounds", "1"])   # (the SFT folder exists now: reused)
     for merged in tmp_path.rglob("*.safetensors"):   # carried to another machine without the merged models
         merged.unlink()
