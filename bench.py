@@ -1278,7 +1278,12 @@ def forced_generate(model, **extra):
 
     def generate(*args, **kwargs):
         kwargs["min_new_tokens"] = kwargs["max_new_tokens"]
-        return plain(*args, **kwargs, **extra)
+        merged = dict(extra)
+        if "stopping_criteria" in kwargs and "stopping_criteria" in extra:   # (rollout's own: its progress bar)
+            from transformers import StoppingCriteriaList
+            merged["stopping_criteria"] = StoppingCriteriaList([*kwargs.pop("stopping_criteria"),
+                                                                *extra["stopping_criteria"]])
+        return plain(*args, **kwargs, **merged)
     model.generate = generate   # an instance attribute shadows the method until the block ends
     try:
         yield

@@ -18,6 +18,11 @@
 #   EXTRA="--lora-rank 8 --lr 1e-5 --proposer-lr 1e-5 --sft-lr 2e-4" bash replicate.sh
 #                                                             # LoRA adapters (README, "LoRA"): checkpoints of tens
 #                                                             # of MB, so a cut run resumes on another machine
+#   MINUTES=25 STARTS=templates EXTRA="--lora-rank 4 ..." bash replicate.sh
+#                                                             # one time-limited session's share (README, "Running on
+#                                                             # a time-limited GPU"): the runs stop before a round
+#                                                             # that would not fit; run it again (elsewhere: with the
+#                                                             # $OUT folder, less *.safetensors) to go on
 #   MODEL=tiny ROUNDS=2 SAMPLES=2 PAIRS=4 EXTRA="--preset tiny --device cpu --eval-max-tasks 2" bash replicate.sh
 #                                                             # (a smoke run on a CPU: a few minutes)
 set -euo pipefail
@@ -26,11 +31,16 @@ MODEL=${MODEL:-qwen-coder-0.5b}   # Coder and Proposer (a models.NAMED_MODELS na
 OUT=${OUT:-runs/replication}      # everything goes here: runs (with their checkpoints), evals, logs, the figure
 RESULTS=${RESULTS:-kernelbench_tasks/results/replication_$(date +%F)_$MODEL}   # the small files, for the repository
 ROUNDS=${ROUNDS:-50}              # Coder updates per run (one per round)
-SAMPLES=${SAMPLES:-8}             # held-out kernels per task (pass@1 and pass@k for k <= SAMPLES)
+SAMPLES=${SAMPLES:-8}             # held-out kernels per task at the start and the end, levels 1 and 2 (pass@k, k <= it)
+EVAL_EVERY=${EVAL_EVERY:-10}      # and every this many rounds a smaller held-out eval: level 1, 4 kernels per task
+STARTS=${STARTS:-base templates self}   # the starting points to judge (a subset: the others are not made)
+MINUTES=${MINUTES:-0}             # this invocation's time (0: none); the runs get what is left as --time-limit
 PAIRS=${PAIRS:-256}               # synthetic modules the base model answers for the self-distilled corpus
 EXTRA=${EXTRA:-}                  # more kernelzero.py flags for every stage (e.g. --lr 2e-6 --group-size 8)
 GPUS=${GPUS:-1}                   # GPUs per stage: above 1, torchrun on that many (README, "One GPU node: torchrun")
-common="--backend triton --coder-model $MODEL --proposer-model $MODEL --eval-levels 1,2 --eval-samples $SAMPLES $EXTRA"
+common="--backend triton --coder-model $MODEL --proposer-model $MODEL --eval-levels 1 --eval-samples 4 \
+  --eval-ends-levels 1,2 --eval-ends-samples $SAMPLES $EXTRA"
+t0=$SECONDS
 mkdir -p "$OUT"
 log() { echo "$(date +%T) $*" | tee -a "$OUT/stages.log"; }
 kz() {   # kz FIRST_GPU ARGS...: kernelzero.py ARGS, under torchrun on GPUS GPUs from FIRST_GPU when GPUS > 1
@@ -48,6 +58,7 @@ kz() {   # kz FIRST_GPU ARGS...: kernelzero.py ARGS, under torchrun on GPUS GPUs
 
 start() {   # start NAME FLAGS...: the held-out eval of one starting point (its SFT, if any, first)
   local name=$1; shift
+  [[ " $STARTS " == *" $name "* ]] || return 0
   if [ ! -f "$OUT/start_$name/eval_round-1.json" ]; then
     log "start $name"
     rm -rf "$OUT/start_$name"
@@ -56,7 +67,7 @@ start() {   # start NAME FLAGS...: the held-out eval of one starting point (its 
 }
 start base --no-sft
 start templates --sft --sft-data kernelbench_tasks/sft_data/triton_2000.jsonl.gz --sft-dir "$OUT/sft_templates"
-if [ ! -f "$OUT/distill/pairs.jsonl" ]; then
+if [[ " $STARTS " == *" self "* ]] && [ ! -f "$OUT/distill/pairs.jsonl" ]; then
   log "distill"
   kz 0 distill $common --sft-pairs "$PAIRS" --samples 8 --run-dir "$OUT/distill" > "$OUT/distill.log" 2>&1
 fi
@@ -92,14 +103,27 @@ esac
 
 run() {   # run NAME FIRST_GPU FLAGS...
   local name=$1 first=$2; shift 2
-  local resume=""
+  local resume="" limit=""
   [ -e "$OUT/$name/latest" ] && resume="--resume"
-  kz "$first" --rounds "$ROUNDS" --eval-every "$ROUNDS" $common $from "$@" $resume \
+  # (what is left of MINUTES; a little at least: a run out of time still stops cleanly, with a checkpoint)
+  [ "$MINUTES" != 0 ] && limit="--time-limit $(python -c "print(max($MINUTES - $((SECONDS - t0)) / 60, 0.001))")"
+  kz "$first" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --eval-last $common $from "$@" $resume $limit \
     --run-dir "$OUT/$name" >> "$OUT/$name.log" 2>&1
+}
+rounds_done() {   # rounds_done NAME: the round its checkpoint holds
+  local latest; latest=$(cat "$OUT/$1/latest" 2>/dev/null || echo ckpt_0)
+  echo $((10#${latest#ckpt_}))
 }
 log "runs: main, correctness, uniform ($ROUNDS rounds each)"
 run main 0 & run correctness "$GPUS" --coder-reward correctness & run uniform $((2 * GPUS)) --proposer-mode uniform &
 wait
+for name in main correctness uniform; do
+  if [ "$(rounds_done $name)" -lt "$ROUNDS" ]; then
+    log "stopped at the time limit: main $(rounds_done main), correctness $(rounds_done correctness), uniform" \
+      "$(rounds_done uniform) of $ROUNDS rounds; run this script again to go on"
+    exit 0
+  fi
+done
 log "runs done"
 
 # ---------------------------------------------------------------------------------------------------------------

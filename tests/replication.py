@@ -160,7 +160,8 @@ def test_replication_distill_keeps_distinct_verified_kernels(tmp_path, monkeypat
 
 def test_replication_script_end_to_end_on_the_cpu(tmp_path):
     """replicate.sh with the tiny model: every stage runs (starting points, distill, the three runs side by side,
-    compare, plot), the choice of start is logged, and a second invocation skips what is done. The first invocation
+    compare, plot), the choice of start is logged, and a second invocation skips what is done; a first invocation
+    out of time (MINUTES) leaves the runs checkpointed for the second. The first invocation
     runs every stage under torchrun on 2 ranks (GPUS=2; gloo on the CPU), the second plainly (one process)."""
     import subprocess
     import sys
@@ -169,10 +170,15 @@ def test_replication_script_end_to_end_on_the_cpu(tmp_path):
     env = dict(os.environ, MODEL="tiny", ROUNDS="2", SAMPLES="2", PAIRS="4", OUT=str(out), RESULTS=str(tmp_path / "res"),
                EXTRA="--preset tiny --device cpu --eval-max-tasks 2 --sft-steps 2 --sft-pairs 8",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    for gpus in ("2", "1"):
-        done = subprocess.run(["bash", os.path.join(here, "replicate.sh")], env=dict(env, GPUS=gpus),
+    # the first invocation is out of time when the runs start (MINUTES): they stop before round 0 with their
+    # checkpoints, and the second goes on from them
+    for gpus, minutes in (("2", "0.001"), ("1", "0")):
+        done = subprocess.run(["bash", os.path.join(here, "replicate.sh")], env=dict(env, GPUS=gpus, MINUTES=minutes),
                               capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+        if minutes != "0":
+            assert "stopped at the time limit: main 0, correctness 0, uniform 0 of 2 rounds" in done.stdout
+            assert not (out / "compare.txt").exists()
     log = (out / "stages.log").read_text()
     assert log.count("start base") == 1 and log.count("start templates") == 1 and log.count("distill") >= 1
     assert log.count("chosen starting point: base (level-1 pass@1: base 0.000, templates 0.000") == 2, log
@@ -181,6 +187,7 @@ def test_replication_script_end_to_end_on_the_cpu(tmp_path):
         assert rounds == [0, 1], (run, rounds)
         log_text = (out / f"{run}.log").read_text()
         assert "CPU x 2 ranks (torchrun)" in log_text and log_text.count("round   1 |") == 1, run   # one console
+        assert "Stopped before round 0 of 2, checkpoint written" in log_text, run
         assert json.load(open(out / run / "config.json"))["rounds"] == 2
     assert json.load(open(out / "correctness" / "config.json"))["coder_reward"] == "correctness"
     assert json.load(open(out / "uniform" / "config.json"))["proposer_mode"] == "uniform"
