@@ -1077,6 +1077,7 @@ def _parse_config(argv, roles):
     if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
         with open(os.path.join(run_dir, "config.json")) as f:
             values = json.load(f)  # the run's own config, so that it continues exactly
+        values.pop("time_limit", None)   # (but the time limit is this process's, not the run's: given or none)
     elif preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
         values.update(CPU_FALLBACK)
         fell_back = True

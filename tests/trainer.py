@@ -1129,6 +1129,9 @@ def test_trainer_time_limit_stops_and_resumes_on_a_fresh_machine_as_the_straight
     assert state["round"] == 2 and "Stopped before round 2 of 4, checkpoint written" in out
     command = out.split("Resume with:\n")[1].split("\n")[0].split()
     assert command == ["python", "kernelzero.py", "--resume", "--run-dir", stopped, "--time-limit", "3"]
+    # the limit is the process's: a resume without --time-limit has none, whatever the saved config says
+    assert json.load(open(os.path.join(stopped, "config.json")))["time_limit"] == 3
+    assert kz.parse_config(["--resume", "--run-dir", stopped]).time_limit == 0
     assert open(os.path.join(stopped, "latest")).read() == "ckpt_00002"
     assert not os.path.exists(os.path.join(stopped, "coder"))   # (merged models only at the end of a run)
     shutil.copytree(stopped, fresh)
