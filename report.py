@@ -220,7 +220,7 @@ def plot_runs(run_dirs):
     panels = [("Coder pass rate", ["coder/pass_rate", "eval/level1/pass@1", "eval/level2/pass@1"]),
               ("Coder speedup (geomean, correct)", ["coder/speedup"]),
               ("Frontier difficulty p", ["proposer/p_mean"]),
-              ("Proposer validity", ["proposer/valid_frac", "proposer/format_frac"]),
+              ("Proposer validity, frontier share", ["proposer/valid_frac", "proposer/format_frac", "proposer/frontier_frac"]),
               ("Rewards", ["coder/reward_mean", "proposer/reward_mean"]),
               ("KL (k3)", ["coder/kl", "proposer/kl"]),
               ("Clip fraction", ["coder/clip_frac", "proposer/clip_frac"]),

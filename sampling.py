@@ -435,10 +435,13 @@ def coder_prompt(module_src, backend, one_shot=True):
     return "\n\n".join(parts)
 
 
-def proposer_prompt(api_text):
-    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set)."""
+def proposer_prompt(api_text, examples=""):
+    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set), with each
+    API's example module on its own (catalog.render_examples) when given."""
+    shown = (f"Each operation on its own, with inputs of a good size:\n{examples}\n\nCompose them into ONE new module "
+             "(not a copy of an example).\n") if examples else ""
     return ("Write a PyTorch module that a GPU kernel engineer will be asked to optimise. It must use every one of "
-            f"these operations:\n{api_text}\n\n"
+            f"these operations:\n{api_text}\n\n{shown}"
             "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
             "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
             "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "

@@ -41,6 +41,7 @@ Run `python -m kernelbench_tasks.catalog` to print the catalog grouped by kind.
 """
 import ast
 import hashlib
+import math
 import random
 
 import torch
@@ -66,7 +67,7 @@ def _full(name):
 
 
 def _entry(name, kind, call, signature, inputs=("x",), ranks=(1, 2, 3, 4, 5), dtypes=FLOATS, shapes=None, init="",
-           domains=None, aliases=(), methods=None, operators=(), attrs=(), notes=""):
+           domains=None, aliases=(), methods=None, operators=(), attrs=(), notes="", fanout=1):
     """One catalog entry. Equivalent spellings are derived: F.x <-> torch.x and tensor methods when torch has them."""
     name = _full(name)
     short = name.rsplit(".", 1)[1]
@@ -85,7 +86,7 @@ def _entry(name, kind, call, signature, inputs=("x",), ranks=(1, 2, 3, 4, 5), dt
             "arity": len(inputs), "ranks": list(ranks), "dtypes": list(dtypes),
             "example_shapes": {r: [list(s) for s in v] for r, v in shapes.items()}, "domains": dict(domains or {}),
             "aliases": sorted(set(aliases) - {name}), "methods": list(methods), "operators": list(operators),
-            "attrs": list(attrs), "notes": notes}
+            "attrs": list(attrs), "notes": notes, "fanout": fanout}
 
 
 def _unary(name, call, signature, module=None, **kw):
@@ -348,7 +349,7 @@ CATALOG = [
     _module("nn.Embedding", "shape", "self.op = nn.Embedding(100, 32)", "self.op(x)",
             "nn.Embedding(num_embeddings, embedding_dim); forward: int64 indices -> rows of the table",
             ranks=(1, 2), shapes={1: [(64,)], 2: [(8, 16)]}, domains={"x": "int:100"}, aliases=["F.embedding"],
-            dtypes=FLOATS),
+            dtypes=FLOATS, fanout=32),   # (an index becomes 32 values: scaled_shapes grows it 32x less)
 ]
 
 BY_NAME = {e["name"]: e for e in CATALOG}
@@ -378,12 +379,38 @@ def _input_expr(shape, domain, dtype):
             "logprob": f"torch.log_softmax(torch.randn({shape}{dt}), dim=-1)"}[domain]
 
 
-def example_module_source(api, rank=None, dtype="float32"):
-    """A small KernelBench-format module whose forward is just the API's call template on its example inputs."""
+def scaled_shapes(entry, rank, elements):
+    """The entry's example input shapes at `rank`, grown until the largest input holds about `elements` values (a
+    power-of-two factor; 0 keeps them as they are). A GPU times a module reliably only above ~50 us of work, which
+    the examples' few thousand values are far below. Matmuls grow every dimension (shared dimensions stay equal) to
+    `elements` / 16 (a 1024 x 2048 operand: enough FLOPs; torch.outer: its output); the rest grow the leading (batch) dimension of every
+    input when all inputs share it, since the module's __init__ (channels, normalized_shape) fixes the others.
+    E.g. F.relu rank 2, 2**25: [16, 32] -> [1048576, 32]; torch.mm, 2**25: [32, 64] x [64, 48] -> [1024, 2048] x
+    [2048, 1536]; nn.Conv2d rank 4 (channels fixed by __init__): [2, 8, 16, 16] -> [16384, 8, 16, 16]."""
+    shapes = [list(s) for s in entry["example_shapes"][rank]]
+    elements //= entry.get("fanout", 1)   # (values of output per input value, where far above 1: nn.Embedding)
+    largest = max(math.prod(s) for s in shapes)
+    if not elements or largest >= elements:
+        return shapes
+    if entry["kind"] == "matmul" and not entry["init"]:
+        dims = max(len(s) for s in shapes)   # the largest input grows by f ** dims
+        if dims == 1:   # torch.outer: its output (the product of the sizes) is what grows, by f ** 2
+            largest, dims = math.prod(s[0] for s in shapes), 2
+        f = 2 ** round(math.log2(max(elements / 16 / largest, 1)) / dims)
+        return [[d * f for d in s] for s in shapes]
+    if len({s[0] for s in shapes}) > 1:
+        return shapes
+    f = 2 ** int(math.log2(elements // largest))
+    return [[s[0] * f] + s[1:] for s in shapes]
+
+
+def example_module_source(api, rank=None, dtype="float32", elements=0):
+    """A KernelBench-format module whose forward is just the API's call template on its example inputs: small, or
+    with about `elements` values in its largest input (scaled_shapes)."""
     e = lookup(api)
     rank = e["ranks"][0] if rank is None else rank
     inputs = [_input_expr(s, e["domains"].get(n, "normal"), dtype)
-              for n, s in zip(e["inputs"], e["example_shapes"][rank])]
+              for n, s in zip(e["inputs"], scaled_shapes(e, rank, elements))]
     init = f"\n        {e['init']}" if e["init"] else ""
     cast = f"\n        self.to(torch.{dtype})" if e["init"] and dtype != "float32" else ""
     return (f'"""Example for {e["name"]} ({e["kind"]}), rank {rank}, {dtype}."""\n'
@@ -457,6 +484,17 @@ def render_api_set(apis):
         note = f"; note: {e['notes']}" if e["notes"] else ""
         lines.append(f"- {e['name']}: {how} ({e['kind']}; {e['signature']}; input rank {ranks}{note})")
     return "\n".join(lines)
+
+
+def render_examples(apis, elements=0):
+    """One example module per API of a set, at a rank that every API of the set accepts, for the Proposer's prompt:
+    a small model copies a call's argument shapes, dtypes and constructor far more reliably than it infers them from
+    a signature (wrong ones are most of what the linter rejects)."""
+    entries = [lookup(a) for a in apis]
+    shared = sorted(set.intersection(*(set(e["ranks"]) for e in entries))) if entries else []
+    rank = next((r for r in shared if r >= 2), shared[0] if shared else None)
+    return "\n".join(f"```python\n{example_module_source(e, rank if rank in e['ranks'] else None, elements=elements)}```"
+                     for e in entries)
 
 
 # -----------------------------------------------------------------------------

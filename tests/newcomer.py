@@ -40,7 +40,7 @@ def test_newcomer_wrong_flags_get_one_line_before_any_work(argv, says, capsys, m
 
     def no_work(*a, **k):
         raise AssertionError("work started before the flags were checked")
-    for name in ("sft_warm_start", "make_policy", "starting_pool", "run_eval", "main"):
+    for name in ("sft_warm_start", "make_policy", "seed_pool", "run_eval", "main"):
         monkeypatch.setattr(kz, name, no_work)
     monkeypatch.setattr(synth, "generate_pairs", no_work)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # a hub id is looked up in the cache only

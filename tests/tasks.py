@@ -166,6 +166,43 @@ def test_tasks_catalog_template_runs(name):
         assert catalog.module_uses_apis(src, [entry]) == [], name
 
 
+def test_tasks_catalog_examples_scaled_for_a_gpu_keep_their_shapes_consistent():
+    """At 2**25 values (the seed pool's and the Proposer prompt's size on a GPU) every example of every API and rank
+    still runs (on the meta device: shapes only), its inputs fit the linter's 512 MB, its output stays under 1 GB,
+    and it grew: ~32M values in its largest input, or for a matmul ~2M (a 1024 x 2048 operand) or more FLOPs."""
+    grew = 0
+    for e in catalog.CATALOG:
+        for rank in e["ranks"]:
+            shapes = catalog.scaled_shapes(e, rank, 2 ** 25)
+            assert [len(s) for s in shapes] == [len(s) for s in e["example_shapes"][rank]], (e["name"], rank)
+            ns = {}
+            exec(catalog.example_module_source(e, rank, elements=2 ** 25), ns)
+            with torch.device("meta"):
+                model = ns["Model"](*ns["get_init_inputs"]())
+                ints = [e["domains"].get(n, "").startswith("int:") for n in e["inputs"]]
+                out = model(*[torch.empty(s, dtype=torch.int64 if i else torch.float32) for s, i in zip(shapes, ints)])
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            assert sum(4 * torch.Size(s).numel() for s in shapes) <= 512 * 2 ** 20, (e["name"], rank, shapes)
+            assert max(o.numel() for o in outs) <= 2 ** 28, (e["name"], rank, shapes)
+            largest = max(torch.Size(s).numel() for s in shapes)
+            grew += largest >= (2 ** 20 if e["kind"] == "matmul" else 2 ** 23 // e["fanout"])
+    assert grew >= 0.95 * sum(len(e["ranks"]) for e in catalog.CATALOG)   # (a few mixed-size inputs stay small)
+    assert catalog.scaled_shapes(catalog.lookup("torch.mm"), 2, 2 ** 25) == [[1024, 2048], [2048, 1536]]
+    assert catalog.scaled_shapes(catalog.lookup("F.relu"), 2, 0) == [[16, 32]]   # (0: the CPU's small sizes)
+
+
+def test_tasks_proposer_prompt_shows_each_api_at_a_shared_rank():
+    """The Proposer's prompt carries one runnable example module per API of its set, all at a rank every API of the
+    set accepts, so that a module composed from them can chain the calls."""
+    apis = [catalog.lookup("nn.Conv2d"), catalog.lookup("F.relu")]   # Conv2d: rank 4 only; relu: ranks 1-5
+    text = catalog.render_examples(apis, 2 ** 25)
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2 and all("rank 4," in b for b in blocks)
+    prompt = kz.proposer_prompt(catalog.render_api_set(apis), text)
+    assert text in prompt and "ONE new module" in prompt
+    assert "Each operation" not in kz.proposer_prompt(catalog.render_api_set(apis))   # (no examples, no heading)
+
+
 def test_tasks_sample_api_set_deterministic_and_composable():
     sets = [[e["name"] for e in catalog.sample_api_set(random.Random(7), 3)] for _ in range(2)]
     assert sets[0] == sets[1]

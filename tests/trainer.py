@@ -125,6 +125,44 @@ def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
     assert stats["proposer/unique_valid"] == 2 and stats["proposer/pass_rates"] == [0.5, 1.0]
 
 
+@pytest.mark.parametrize("mode", ["frontier", "uniform"])
+def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypatch, mode):
+    """The starting pool: catalog examples, one per API, probed seed_probe times by the Coder. Frontier mode keeps
+    the ones with frontier_low <= p <= frontier_high (here p 0.5 of p 0, 0.5, 1), the uniform ablation all of them;
+    the probes set the per-API pass rates that steer the Proposer. seed_probe 0 takes the candidates unprobed."""
+    verdicts = [False, False, True, False, True, True]   # candidate 0 never solved, 1 half, 2 always
+    seen = _phase_fakes(monkeypatch, lambda n: [(c, 1.0) for c in verdicts[:n]])
+    cfg = _trainer_cfg(proposer_mode=mode, seed_from="catalog", seed_pool=3, seed_probe=2)
+    state = {"pool": [], "rng": random.Random(0), "api_stats": {}, "round": 0}
+    pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
+    pool, stats = kz.seed_pool(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), "cpu", {})
+    cands = kz.seed_candidates(cfg, torch.device("cpu"), "cpu")
+    assert len(cands) == 3 and len({a[0]["name"] for _, a in cands}) == 3   # one example per API
+    assert stats["seed/pass_rates"] == [0.0, 0.5, 1.0] and stats["seed/candidates"] == 3
+    assert [m["p"] for m in pool] == ([0.5] if mode == "frontier" else [0.0, 0.5, 1.0])
+    assert pool[0]["src"] in [c for c, _ in cands] and all(m["round"] == -1 for m in pool)
+    assert {s["pass_rate"] for s in state["api_stats"].values()} == {0.0, 0.5, 1.0}
+    assert len(seen["prompts"]) == 6   # 3 candidates x 2 probes
+    unprobed, _ = kz.seed_pool(pol, pol, seen["ev"], state, dataclasses.replace(cfg, seed_probe=0),
+                               torch.device("cpu"), "cpu", {})
+    assert len(unprobed) == 3 and len(seen["prompts"]) == 6 and all(m["p"] is None for m in unprobed)
+
+
+@pytest.mark.parametrize("mode", ["frontier", "uniform"])
+def test_trainer_coder_phase_retires_the_modules_its_group_solved(monkeypatch, mode):
+    """Frontier mode: a pool module whose whole group was correct leaves the pool (it no longer teaches anything);
+    the uniform ablation keeps it. A module solved by part of its group stays."""
+    seen = _phase_fakes(monkeypatch, lambda n: [(i < 2 or i == 2, 1.0) for i in range(n)])   # [1, 1 | 1, 0]
+    cfg = _trainer_cfg(proposer_mode=mode, group_size=2, modules_per_round=2)
+    pool = [dict(src=f"m{i}", hash=f"h{i}", apis=["torch.relu"], p=0.5) for i in range(2)]
+    state = {"pool": list(pool), "rng": random.Random(0), "api_stats": {}, "round": 0}
+    monkeypatch.setattr(state["rng"], "sample", lambda population, k: list(population)[:k])   # h0 first, then h1
+    pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
+    stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
+    assert stats["coder/solved_modules"] == 1
+    assert [m["hash"] for m in state["pool"]] == (["h1"] if mode == "frontier" else ["h0", "h1"])
+
+
 def test_trainer_ablation_flags_are_checked(monkeypatch):
     monkeypatch.setattr(kz, "model_problem", lambda name: None)   # the default models need not be installed here
     assert kz.parse_config(["--coder-reward", "correctness", "--proposer-mode", "uniform"]).coder_reward == "correctness"
