@@ -752,9 +752,9 @@ def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
     (validate_modules: not held out, the linter's task rules), probed seed_probe times by the Coder; in frontier mode
     only those with frontier_low <= p <= frontier_high join, as a proposed module would. seed_probe 0: all join."""
     cands = seed_candidates(cfg, device, harness_device)
-    if not cfg.seed_probe:   # (unchecked, as they come)
-        return ([dict(src=c, hash=catalog.normalized_source_hash(c), apis=[e["name"] for e in a], p=None, round=-1)
-                 for c, a in cands], {"seed/candidates": len(cands), "seed/kept": len(cands)})
+    if not cfg.seed_probe:   # (unchecked, as they come: nothing measured, nothing to record)
+        return [dict(src=c, hash=catalog.normalized_source_hash(c), apis=[e["name"] for e in a], p=None, round=-1)
+                for c, a in cands], {}
     codes, apis = [c for c, _ in cands], [a for _, a in cands]
     with timed(times, "seed_validate"):
         valid, hashes, why, _ = validate_modules(codes, apis, set(), ev)

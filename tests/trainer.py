@@ -143,9 +143,10 @@ def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypat
     assert pool[0]["src"] in [c for c, _ in cands] and all(m["round"] == -1 for m in pool)
     assert {s["pass_rate"] for s in state["api_stats"].values()} == {0.0, 0.5, 1.0}
     assert len(seen["prompts"]) == 6   # 3 candidates x 2 probes
-    unprobed, _ = kz.seed_pool(pol, pol, seen["ev"], state, dataclasses.replace(cfg, seed_probe=0),
-                               torch.device("cpu"), "cpu", {})
+    unprobed, stats = kz.seed_pool(pol, pol, seen["ev"], state, dataclasses.replace(cfg, seed_probe=0),
+                                   torch.device("cpu"), "cpu", {})
     assert len(unprobed) == 3 and len(seen["prompts"]) == 6 and all(m["p"] is None for m in unprobed)
+    assert stats == {}   # (nothing measured: no round -1 record)
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
