@@ -162,7 +162,38 @@ def compare_evals(paths, n_boot=10000):
             speed = "-" if r["geomean_speedup"] is None else f"{r['geomean_speedup']:.2f}"
             print(f"| {r['eval']} | {'/'.join(map(str, r['samples']))} | {r['pass1'][0]:.3f} [{r['pass1'][1]:.3f}, "
                   f"{r['pass1'][2]:.3f}] | {r['pass_k']:.3f} | {r['fast_1']:.3f} | {speed} | {diff} |")
+        for row, levels in zip(rows[1:], evals[1:]):
+            row["gained"], row["lost"] = task_changes(first, levels[level])
+        print_task_table(names, [levels[level] for levels in evals])
     return out
+
+
+def task_changes(before, after):
+    """(gained, lost): the tasks with no correct sample before and one at least after, and the reverse."""
+    solved = lambda tasks, t: any(tasks[t]["sample_correct"])
+    return ([t for t in sorted(before) if not solved(before, t) and solved(after, t)],
+            [t for t in sorted(before) if solved(before, t) and not solved(after, t)])
+
+
+def print_task_table(names, evals):
+    """Correct samples per task in each eval (the columns in the order given), for the tasks where the evals' counts
+    differ; a mark says where a task became solved (+) or was lost (-) against the first."""
+    changed = [t for t in names if len({sum(e[t]["sample_correct"]) for e in evals}) > 1]
+    if not changed:
+        print("\nper task: every eval solved as many samples of every task")
+        return
+    print(f"\nper task, correct samples of those drawn (the {len(changed)} of {len(names)} tasks where the counts "
+          "differ; + became solved, - lost, against the first):")
+    print("| task | " + " | ".join(f"eval {i + 1}" for i in range(len(evals))) + " |")
+    print("|---|" + "---|" * len(evals))
+    for t in changed:
+        cells = []
+        for i, e in enumerate(evals):
+            c, n = sum(e[t]["sample_correct"]), len(e[t]["sample_correct"])
+            c0 = sum(evals[0][t]["sample_correct"])
+            mark = " +" if i and c and not c0 else " -" if i and c0 and not c else ""
+            cells.append(f"{c}/{n}{mark}")
+        print(f"| {t} | " + " | ".join(cells) + " |")
 
 
 # -----------------------------------------------------------------------------

@@ -73,6 +73,11 @@ def test_replication_compare_intervals_and_paired_difference(tmp_path, capsys):
     assert b2["fast_1"] == 0 and b2["geomean_speedup"] == 0.5 and a2["fast_1"] == 0.5 and a2["diff"][1:] == (0.5, 0.5)
     printed = capsys.readouterr().out
     assert "| eval | samples | pass@1 [95% CI] | pass@2 |" in printed and "+0.875 [" in printed
+    # the per-task table: t1..t3 became solved, t0 improved (it was solved before); u0 became solved
+    assert a1["gained"] == ["t1", "t2", "t3"] and a1["lost"] == [] and a2["gained"] == ["u0"]
+    assert "| t1 | 0/2 | 2/2 + |" in printed and "| t0 | 1/2 | 2/2 |" in printed and "| u0 | 0/2 | 1/2 + |" in printed
+    out = kz.cli(["compare", str(tmp_path / "after.json"), str(base)])   # (the other way round: losses)
+    assert out["level1"][1]["lost"] == ["t1", "t2", "t3"] and "| t1 | 2/2 | 0/2 - |" in capsys.readouterr().out
 
     del after["level2"]["u0"]
     with open(tmp_path / "fewer.json", "w") as f:
