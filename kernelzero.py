@@ -838,7 +838,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
 
 
 # Wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
-CPU_DEFAULT_MINUTES = 5   # measured 4.3 min on a quiet machine (2026-12-06)
+CPU_DEFAULT_MINUTES = 5   # measured 5.0 min on a quiet machine (2026-12-06)
 
 
 def plan(cfg, device):
