@@ -8,8 +8,9 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    bonus that only switches on once the module's group is at least `tau` correct; every correct kernel outranks
    every incorrect one. Advantages are TRL/GRPO group-normalised; the loss is the PPO clipped surrogate with DAPO's
    clip-higher, token-mean aggregation by default, and an optional k3 KL penalty.
-2. The Proposer reward is R-Zero's uncertainty reward, 1 - 2|p - 1/2| minus a repetition penalty, -1 for an invalid
-   module (`frontier_reward`); p is the pass rate of `k_probe` Coder attempts, again our definition.
+2. The Proposer reward is R-Zero's uncertainty reward, 1 - 2|p - 1/2| minus a repetition penalty, and -1, -0.75 or
+   -0.5 for an invalid module by how far it got (no code; does not load or run; runs but breaks a task rule:
+   `frontier_reward`); p is the pass rate of `k_probe` Coder attempts, again our definition.
 3. One policy update per generation batch by default (`ppo_epochs=1`, as in DAPO/TRL defaults); groups whose rewards
    are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
 4. The Coder's training pool starts with `seed_pool` candidate modules so that the Coder phase has work before the
@@ -388,18 +389,22 @@ def ca_grpo_rewards(correct, speedup, group_size, tau=0.5, lam=0.3, max_log_spee
     return (c * (1 + bonus)).view(-1), gate.reshape(-1)
 
 
-def frontier_reward(pass_rate, valid, penalty=None):
+def frontier_reward(pass_rate, valid, penalty=None, stage=None):
     """Proposer reward (R-Zero's uncertainty reward; the KernelZero paper's is not public, this is our definition).
 
-    r = 1 - 2|p - 1/2| - penalty for a valid module, -1 for an invalid one. pass_rate p (N,) is the Coder's pass rate
-    on the module over k_probe attempts (ignored where invalid), valid (N,) bool, penalty (N,) repetition penalty.
-    p = 0.5 -> 1.0;  p = 0.3 -> 0.6;  p = 0 or 1 -> 0.0 (too hard or too easy teaches the Coder nothing);  invalid -> -1.
+    r = 1 - 2|p - 1/2| - penalty for a valid module, -1 + stage / 4 for an invalid one. pass_rate p (N,) is the
+    Coder's pass rate on the module over k_probe attempts (ignored where invalid), valid (N,) bool, penalty (N,)
+    repetition penalty, stage (N,) how far an invalid module got (0: no code; 1: code that does not load or run;
+    2: runs but breaks a task rule, e.g. too small to time; None: all 0).
+    p = 0.5 -> 1.0;  p = 0.3 -> 0.6;  p = 0 or 1 -> 0.0 (too hard or too easy teaches the Coder nothing);
+    invalid -> -1, -0.75, -0.5 by stage: a Proposer whose modules are all invalid still learns toward ones that run.
     """
     p = torch.nan_to_num(torch.as_tensor(pass_rate, dtype=torch.float), nan=0.0)
     r = 1 - 2 * (p - 0.5).abs()
     if penalty is not None:
         r = r - torch.as_tensor(penalty, dtype=torch.float)
-    return torch.where(torch.as_tensor(valid, dtype=torch.bool), r, torch.full_like(r, -1.0))
+    invalid = -1.0 + 0.25 * (torch.zeros_like(r) if stage is None else torch.as_tensor(stage, dtype=torch.float))
+    return torch.where(torch.as_tensor(valid, dtype=torch.bool), r, invalid)
 
 
 def group_advantages(rewards, group_size, scale="group", eps=1e-4):
@@ -648,6 +653,19 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
     return [w is None for w in why], hashes, why, examples
 
 
+# the lint rules that a module which loads and runs can still break
+RUNS_BUT = ("inputs take", "not deterministic", "eager time", "output", "degenerate")
+
+
+def invalid_stage(why):
+    """How far an invalid module got (frontier_reward's stage) from validate_modules' reason: 0 no code block or a
+    copy of a held-out task (never to be encouraged), 2 it loads and runs but breaks a task rule (RUNS_BUT), 1 the
+    rest (it does not load or run, misses an API of its set, or repeats a pool module)."""
+    if why in ("format", "held_out"):
+        return 0
+    return 2 if why and why.startswith("lint: ") and why[6:] in RUNS_BUT else 1
+
+
 def repetition_penalty(hashes, valid):
     """Share of the batch's other valid modules that are the same module (normalised-AST hash); 0 when unique.
 
@@ -704,10 +722,11 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     p = torch.tensor([modules[h]["p"] if v else float("nan") for h, v in zip(hashes, valid)])
     valid_t = torch.tensor(valid, dtype=torch.bool)
     penalty = repetition_penalty(hashes, valid)
+    stage = torch.tensor([invalid_stage(w) for w in why], dtype=torch.float)
     if frontier:
-        rewards = frontier_reward(p, valid_t, penalty)
+        rewards = frontier_reward(p, valid_t, penalty, stage)
     else:  # ablation: reward validity only, as if every module sat at the frontier (p = 1/2)
-        rewards = torch.where(valid_t, 1.0 - torch.as_tensor(penalty, dtype=torch.float), torch.tensor(-1.0))
+        rewards = frontier_reward(torch.full_like(p, 0.5), valid_t, penalty, stage)
     with timed(times, "proposer_update"):
         focus(proposer, coder, cfg, device)
         stats, spread = grpo_update(proposer, batch, rewards, G, cfg, cfg.proposer_lr)

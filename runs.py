@@ -225,7 +225,7 @@ ROUND_LEGEND = """\
 How to read the round line (printed once):
   proposer valid  share of the Proposer's modules that passed validation (code block, APIs used, new, linted)
            p      the Coder's mean pass rate on its probes of the valid modules ("-": no valid module to probe)
-           reward the Proposer's mean reward (-1 for an invalid module; 1 - 2|p - 1/2| for a valid one)
+           reward the Proposer's mean reward (-1 to -0.5 for an invalid module; 1 - 2|p - 1/2| for a valid one)
            +N     modules that joined the Coder's training pool this round; pool: the pool's size
   coder    pass   share of the Coder's kernels the harness found correct
            reward mean CA-GRPO reward; zero-std: share of groups whose rewards were all equal (no gradient: dropped)

@@ -383,10 +383,11 @@ def scaled_shapes(entry, rank, elements):
     """The entry's example input shapes at `rank`, grown until the largest input holds about `elements` values (a
     power-of-two factor; 0 keeps them as they are). A GPU times a module reliably only above ~50 us of work, which
     the examples' few thousand values are far below. Matmuls grow every dimension (shared dimensions stay equal) to
-    `elements` / 16 (a 1024 x 2048 operand: enough FLOPs; torch.outer: its output); the rest grow the leading (batch) dimension of every
-    input when all inputs share it, since the module's __init__ (channels, normalized_shape) fixes the others.
-    E.g. F.relu rank 2, 2**25: [16, 32] -> [1048576, 32]; torch.mm, 2**25: [32, 64] x [64, 48] -> [1024, 2048] x
-    [2048, 1536]; nn.Conv2d rank 4 (channels fixed by __init__): [2, 8, 16, 16] -> [16384, 8, 16, 16]."""
+    `elements` / 16 (a 1024 x 2048 operand: enough FLOPs; torch.outer: its output); the rest grow the leading
+    (batch) dimension of every input when all inputs share it, since the module's __init__ (channels,
+    normalized_shape) fixes the others. E.g. F.relu rank 2, 2**25: [16, 32] -> [1048576, 32]; torch.mm, 2**25:
+    [32, 64] x [64, 48] -> [1024, 2048] x [2048, 1536]; nn.Conv2d rank 4 (channels fixed by __init__):
+    [2, 8, 16, 16] -> [16384, 8, 16, 16]."""
     shapes = [list(s) for s in entry["example_shapes"][rank]]
     elements //= entry.get("fanout", 1)   # (values of output per input value, where far above 1: nn.Embedding)
     largest = max(math.prod(s) for s in shapes)

@@ -184,6 +184,22 @@ def test_trainer_frontier_reward():
     assert int(r.argmax()) == 50 and float(r.max()) == pytest.approx(1.0) and torch.all(r >= 0)
 
 
+def test_trainer_frontier_reward_ladder_for_invalid_modules():
+    """An invalid module earns -1 + stage / 4 (frontier_reward's docstring): no code or a held-out copy -1, code that
+    does not load or run (or misses an API, or repeats the pool) -0.75, a module that runs but breaks a task rule
+    -0.5; every valid module at p = 1/2 still earns more than any invalid one."""
+    why = ["format", "held_out", "apis", "in_pool", "lint: does not load", "lint: does not run", "lint: timeout",
+           "lint: eager time", "lint: degenerate", "lint: not deterministic", None]
+    stage = [kz.invalid_stage(w) for w in why]
+    assert stage == [0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 1]
+    valid = torch.tensor([w is None for w in why])
+    r = kz.frontier_reward(torch.full((len(why),), 0.5), valid, stage=torch.tensor(stage))
+    _trainer_close(r, [-1, -1, -0.75, -0.75, -0.75, -0.75, -0.75, -0.5, -0.5, -0.5, 1.0])
+    # a batch of invalid modules at different stages has reward spread: the Proposer gets a gradient
+    adv = kz.group_advantages(r[[0, 5, 7, 8]], 4)
+    assert adv[0] < adv[1] < adv[2] == adv[3]
+
+
 def test_trainer_drop_zero_std_groups():
     keep = kz.drop_zero_std_groups(torch.tensor([1., 1, 1, 1, 0, 1, 0, 0, 0.5, 0.5, 0.5, 0.5]), 4)
     assert keep.tolist() == [False] * 4 + [True] * 4 + [False] * 4
