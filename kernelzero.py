@@ -676,6 +676,25 @@ def repetition_penalty(hashes, valid):
     return torch.tensor([(counts[h] - 1) / n if v else 0.0 for h, v in zip(hashes, valid)])
 
 
+def distinct_valid(codes, hashes, valid, apis_per_code, round_):
+    """The pool entries of the valid modules, one per distinct source (normalised hash), not yet probed (p None)."""
+    modules = {}
+    for code, h, v, apis in zip(codes, hashes, valid, apis_per_code):
+        if v and h not in modules:
+            modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=round_)
+    return list(modules.values())
+
+
+def in_band(p, cfg):
+    """A module at pass rate p lies in the frontier band, where the Coder's groups have reward spread."""
+    return cfg.frontier_low <= p <= cfg.frontier_high
+
+
+def joins_pool(p, cfg):
+    """Whether a probed module joins the Coder's pool: in the band (frontier mode), or always (uniform ablation)."""
+    return cfg.proposer_mode != "frontier" or in_band(p, cfg)
+
+
 def probe(modules, coder, proposer, ev, state, cfg, device, times, k, seed):
     """Each module's difficulty for the current Coder: p = the pass rate of k Coder attempts (m["p"] is set), and the
     per-API running pass rates that steer the Proposer's API sets. Returns the harness's results."""
@@ -712,10 +731,8 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
         valid, hashes, why = gather_rows(valid), gather_rows(hashes), gather_rows(why)
         lint_examples = {rule: text for part in reversed(gather_rows([examples])) for rule, text in part.items()}
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
-    modules, results = {}, []
-    for code, h, v, apis in zip(codes, hashes, valid, set_of):
-        if v and h not in modules:
-            modules[h] = dict(src=code, hash=h, apis=[a["name"] for a in apis], p=None, round=state["round"])
+    modules = {m["hash"]: m for m in distinct_valid(codes, hashes, valid, set_of, state["round"])}
+    results = []
     if modules:
         results = probe(list(modules.values()), coder, proposer, ev, state, cfg, device, times, cfg.k_probe,
                         phase_seed(cfg, state["round"], "probe"))
@@ -731,12 +748,12 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
         focus(proposer, coder, cfg, device)
         stats, spread = grpo_update(proposer, batch, rewards, G, cfg, cfg.proposer_lr)
     # frontier modules (neither always nor never solved) join the Coder's pool
-    added = [m for m in modules.values() if not frontier or cfg.frontier_low <= m["p"] <= cfg.frontier_high]
+    added = [m for m in modules.values() if joins_pool(m["p"], cfg)]
     state["pool"] = (state["pool"] + added)[-cfg.pool_size:]
     ps = [m["p"] for m in modules.values()]
-    in_band = [cfg.frontier_low <= p <= cfg.frontier_high for p in ps]   # (measured in both modes, for comparison)
+    band = [in_band(p, cfg) for p in ps]   # (measured in both modes, for comparison)
     return {"proposer/valid_frac": float(valid_t.float().mean()),
-            "proposer/frontier_frac": sum(in_band) / len(in_band) if in_band else None,
+            "proposer/frontier_frac": sum(band) / len(band) if band else None,
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
             "proposer/invalid": dict(Counter(w for w in why if w is not None)),
             "proposer/lint_examples": lint_examples,  # {rule: the first problem of that rule, truncated}
@@ -775,14 +792,10 @@ def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
     """The Coder's starting pool and its statistics: candidates that pass the Proposer's validity rules
     (validate_modules: not held out, the linter's task rules), probed seed_probe times by the Coder; in frontier mode
     only those with frontier_low <= p <= frontier_high join, as a proposed module would. seed_probe 0: all join."""
-    in_band = lambda p: cfg.proposer_mode != "frontier" or cfg.frontier_low <= p <= cfg.frontier_high
     if cfg.seed_from not in ("catalog", "synth"):   # an earlier run's probed candidates, with their p
         with open(cfg.seed_from) as f:
             probed = json.load(f)["modules"]
-        ps = [m["p"] for m in probed]
-        keep = [m for m in probed if in_band(m["p"])]
-        return keep, {"seed/candidates": len(probed), "seed/kept": len(keep), "seed/pass_rates": sorted(ps),
-                      "seed/frontier_frac": sum(in_band(p) for p in ps) / max(len(ps), 1)}
+        return seed_keep(probed, cfg, {"seed/candidates": len(probed)})
     cands = seed_candidates(cfg, device, harness_device)
     if not cfg.seed_probe:   # (unchecked, as they come: nothing measured, nothing to record)
         return [dict(src=c, hash=catalog.normalized_source_hash(c), apis=[e["name"] for e in a], p=None, round=-1)
@@ -790,21 +803,22 @@ def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
     codes, apis = [c for c, _ in cands], [a for _, a in cands]
     with timed(times, "seed_validate"):
         valid, hashes, why, _ = validate_modules(codes, apis, set(), ev)
-    modules = {}
-    for code, h, v, a in zip(codes, hashes, valid, apis):
-        if v and h not in modules:
-            modules[h] = dict(src=code, hash=h, apis=[e["name"] for e in a], p=None, round=-1)
-    stats = {"seed/candidates": len(cands), "seed/invalid": dict(Counter(w for w in why if w is not None))}
-    probe(list(modules.values()), coder, proposer, ev, state, cfg, device, times, cfg.seed_probe,
-          phase_seed(cfg, -1, "seed"))
-    ps = [m["p"] for m in modules.values()]
+    modules = distinct_valid(codes, hashes, valid, apis, -1)
+    probe(modules, coder, proposer, ev, state, cfg, device, times, cfg.seed_probe, phase_seed(cfg, -1, "seed"))
     if rank() == 0:   # for --seed-from: another run from the same warm start takes these without probing again
         made_by = {k: getattr(cfg, k) for k in ("coder_model", "sft_dir", "lora_rank", "backend", "seed", "seed_pool",
                                                  "seed_probe", "temperature")}
-        write_json_atomic(os.path.join(cfg.run_dir, SEED_POOL), {"made_by": made_by, "modules": list(modules.values())})
-    keep = [m for m in modules.values() if in_band(m["p"])]
+        write_json_atomic(os.path.join(cfg.run_dir, SEED_POOL), {"made_by": made_by, "modules": modules})
+    return seed_keep(modules, cfg, {"seed/candidates": len(cands),
+                                    "seed/invalid": dict(Counter(w for w in why if w is not None))})
+
+
+def seed_keep(probed, cfg, stats):
+    """The probed seed candidates that join the pool (joins_pool), and the statistics of the starting pool."""
+    ps = [m["p"] for m in probed]
+    keep = [m for m in probed if joins_pool(m["p"], cfg)]
     return keep, {**stats, "seed/kept": len(keep), "seed/pass_rates": sorted(ps),
-                  "seed/frontier_frac": sum(cfg.frontier_low <= p <= cfg.frontier_high for p in ps) / max(len(ps), 1)}
+                  "seed/frontier_frac": sum(in_band(p, cfg) for p in ps) / max(len(ps), 1)}
 
 
 def coder_phase(coder, proposer, ev, state, cfg, device, times):
@@ -1097,7 +1111,8 @@ RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_token
           "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
           "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
           "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
-          "pool_size": (1, None), "seed_pool": (0, None), "seed_probe": (0, None), "modules_per_round": (1, None), "tau": (0.0, 1.0),
+          "pool_size": (1, None), "seed_pool": (0, None), "seed_probe": (0, None), "modules_per_round": (1, None),
+          "tau": (0.0, 1.0),
           "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
           "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
           "lora_rank": (0, None), "lora_alpha": (ABOVE_0, None),
@@ -1132,7 +1147,7 @@ def config_problem(cfg, roles=("coder", "proposer")):
     if "LOCAL_RANK" in os.environ and cfg.logprob_chunk:
         return "--logprob-chunk: not under torchrun (it calls the model's parts, which FSDP2 gathers as a whole); use 0"
     if cfg.lean_rollouts and cfg.ppo_epochs != 1:
-        return f"--lean-rollouts takes the old log-probs from the update's first forward: --ppo-epochs must be 1"
+        return "--lean-rollouts takes the old log-probs from the update's first forward: --ppo-epochs must be 1"
     if cfg.frontier_low > cfg.frontier_high:
         return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
     if not cfg.run_dir.strip():

@@ -494,8 +494,7 @@ def render_examples(apis, elements=0):
     entries = [lookup(a) for a in apis]
     shared = sorted(set.intersection(*(set(e["ranks"]) for e in entries))) if entries else []
     rank = next((r for r in shared if r >= 2), shared[0] if shared else None)
-    return "\n".join(f"```python\n{example_module_source(e, rank if rank in e['ranks'] else None, elements=elements)}```"
-                     for e in entries)
+    return "\n".join(f"```python\n{example_module_source(e, rank, elements=elements)}```" for e in entries)
 
 
 # -----------------------------------------------------------------------------
