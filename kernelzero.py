@@ -48,7 +48,7 @@ Run:
     python kernelzero.py --proposer-mode uniform          # ablation: uniform API sets, Proposer rewarded for validity
     python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]
     python kernelzero.py plot RUN_DIR [RUN_DIR ...]      # several: a method and its ablations on one figure
-    python kernelzero.py compare BEFORE AFTER [MORE ...]  # eval files or dirs: pass@1 95% CIs, paired differences
+    python kernelzero.py compare BEFORE [AFTER ...]      # eval files or dirs: pass@1 95% CIs, paired differences
     python kernelzero.py distill --sft-pairs 256 --samples 8 --run-dir D   # self-distilled SFT corpus D/pairs.jsonl
 """
 
@@ -1249,8 +1249,8 @@ def cli(argv):
     if argv[:1] == ["eval"]:
         return run_eval(parse_config(argv[1:], roles=("coder",)))
     if argv[:1] == ["compare"]:
-        if len(argv) < 3:
-            raise SystemExit("usage: python kernelzero.py compare BEFORE.json AFTER.json [MORE.json ...]  (or eval dirs)")
+        if len(argv) < 2:   # (one eval: its table alone, as replicate.sh prints a single starting point's)
+            raise SystemExit("usage: python kernelzero.py compare BEFORE.json [AFTER.json ...]  (or eval dirs)")
         return compare_evals(argv[1:])
     if argv[:1] == ["distill"]:
         return run_distill(parse_config(argv[1:], roles=("coder",)))

@@ -65,6 +65,30 @@ start() {   # start NAME FLAGS...: the held-out eval of one starting point (its 
     kz 0 --rounds 0 --eval-first --seed-pool 0 $common "$@" --run-dir "$OUT/start_$name" > "$OUT/start_$name.log" 2>&1
   fi
 }
+from_flags() {   # from_flags NAME: the flags that start a stage from starting point NAME
+  case $1 in
+    base) echo "--no-sft" ;;
+    templates) echo "--sft --sft-dir $OUT/sft_templates" ;;
+    self) echo "--sft --sft-dir $OUT/sft_self" ;;
+  esac
+}
+# The Coder's starting pool, probed once from the chosen start (seed_pool.json): the three runs take it as it is
+seed_stage() {
+  if [ ! -f "$OUT/seed/done" ]; then
+    log "starting pool: probing its candidates with the chosen start's Coder"
+    rm -rf "$OUT/seed"
+    kz 0 --rounds 0 $common $(from_flags "$1") --run-dir "$OUT/seed" > "$OUT/seed.log" 2>&1
+    touch "$OUT/seed/done"
+  fi
+}
+# One starting point judged is the chosen one already: when it is made (the base model, or an SFT that exists), its
+# pool is probed beside its eval, which shares the GPU (the harness's gate still times every kernel alone)
+early=""
+only=$(echo $STARTS)
+if [ "$only" = base ] || [[ "$only" =~ ^(templates|self)$ && -d "$OUT/sft_$only/proposer" ]]; then
+  seed_stage "$only" &
+  early=$!
+fi
 start base --no-sft
 start templates --sft --sft-data kernelbench_tasks/sft_data/triton_2000.jsonl.gz --sft-dir "$OUT/sft_templates"
 if [[ " $STARTS " == *" self "* ]] && [ ! -f "$OUT/distill/pairs.jsonl" ]; then
@@ -92,19 +116,8 @@ print(best, ", ".join(f"{name} {score:.3f}" for name, score in scores.items()))
 EOF
 )
 log "chosen starting point: $chosen (level-1 pass@1: $scores; all numbers in $OUT/starts.txt)"
-case $chosen in
-  base) from="--no-sft" ;;
-  templates) from="--sft --sft-dir $OUT/sft_templates" ;;
-  self) from="--sft --sft-dir $OUT/sft_self" ;;
-esac
-
-# The Coder's starting pool, probed once from the chosen start (seed_pool.json): the three runs take it as it is
-if [ ! -f "$OUT/seed/done" ]; then
-  log "starting pool: probing its candidates with the chosen start's Coder"
-  rm -rf "$OUT/seed"
-  kz 0 --rounds 0 $common $from --run-dir "$OUT/seed" > "$OUT/seed.log" 2>&1
-  touch "$OUT/seed/done"
-fi
+from=$(from_flags "$chosen")
+if [ -n "$early" ]; then wait "$early"; else seed_stage "$chosen"; fi
 seed=""   # (an unprobed pool, --seed-probe 0, writes no file: each run then takes its own candidates unprobed)
 [ -f "$OUT/seed/seed_pool.json" ] && seed="--seed-from $OUT/seed/seed_pool.json"
 

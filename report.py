@@ -15,7 +15,7 @@ How this departs from common practice:
    figure instead of drawing flat lines.
 
 Use:
-    python kernelzero.py compare BEFORE AFTER [MORE ...]   # eval files or dirs: pass@1 95% CIs, paired differences
+    python kernelzero.py compare BEFORE [AFTER ...]       # eval files or dirs: pass@1 95% CIs, paired differences
     python kernelzero.py plot RUN_DIR [RUN_DIR ...]        # several: a method and its ablations on one figure
     from report import pass_at_k, bootstrap_ci             # pass_at_k(10, 3, 1) = 0.3
 This module imports none of the others (they import it); matplotlib is imported only when plotting.

@@ -204,3 +204,26 @@ def test_replication_script_end_to_end_on_the_cpu(tmp_path):
     assert "uniform/eval_round1.json" in kept and "start_base/eval_round-1.json" in kept, kept
     allowed = ("metrics.jsonl", "config.json", "stats.json", "stages.log", ".txt", ".png", ".json")
     assert all(k.count("/") <= 1 and k.endswith(allowed) for k in kept), kept   # no model, no checkpoint
+
+
+def test_replication_script_one_start_probes_its_pool_beside_its_eval(tmp_path):
+    """With one starting point to judge (STARTS=base), it is the chosen one before its eval ends: the seed stage
+    runs beside the start's eval (logged before the choice), and the runs get its pool; out of time (MINUTES), they
+    stop before round 0."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "rep"
+    env = dict(os.environ, MODEL="tiny", ROUNDS="2", SAMPLES="2", STARTS="base", MINUTES="0.001", OUT=str(out),
+               RESULTS=str(tmp_path / "res"), EXTRA="--preset tiny --device cpu --eval-max-tasks 2 --seed-probe 1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    done = subprocess.run(["bash", os.path.join(here, "replicate.sh")], env=env, capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    log = (out / "stages.log").read_text()
+    assert log.index("starting pool") < log.index("chosen starting point: base"), log
+    assert "start templates" not in log and (out / "seed" / "done").exists()
+    assert (out / "seed" / "seed_pool.json").exists()   # (probed: --seed-probe 1 overrides the tiny preset's 0)
+    for run in ("main", "correctness", "uniform"):
+        assert f"--seed-from {out}/seed/seed_pool.json" in (out / run / "config.json").read_text() or \
+            json.load(open(out / run / "config.json"))["seed_from"] == f"{out}/seed/seed_pool.json", run
