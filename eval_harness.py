@@ -66,7 +66,8 @@ What the process isolation protects, and what it does not
      exists.
 
 How it departs from KernelBench's own eval (src/eval.py)
-  1. One fresh process per candidate, separate compile and run timeouts (KernelBench runs in the caller's process).
+  1. One fresh process per candidate, separate compile and run timeouts and one per Triton JIT compile (KernelBench
+     runs in the caller's process).
   2. All trial inputs and reference outputs are computed before the candidate is imported; the candidate cannot
      reach the reference module (separate module, removed from sys.modules). One extra trial multiplies floating
      inputs by a log-normal factor (heavier tails, shifted mean) to catch analytic shortcuts.
@@ -179,6 +180,10 @@ DEFAULTS = dict(
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
     compile_timeout=None,    # import/build limit in s; None: 600 for CUDA (cold nvcc builds), 120 for Triton
     run_timeout=300.0,       # limit in s for the candidate's trials + timing
+    jit_timeout=60.0,        # limit in s for each Triton JIT compile (within the phase's limit): one takes 0.3-5 s,
+                             # but a kernel that unrolls into megabytes of PTX keeps ptxas busy for minutes, and its
+                             # whole round or eval batch waits for it (measured: 5 min, the run limit, per such
+                             # sample of the warm-started 0.5B). The verdict is `timeout` (details["jit"])
     ref_timeout=300.0,       # limit in s for loading the reference and computing its outputs
     memory_limit_gb=8.0,     # RLIMIT_AS of CPU-mode workers: a memory bomb fails instead of swapping the machine
     max_trial_gb=4.0,        # stored trial inputs + outputs, wherever they live; tasks above it get fewer trials
@@ -379,7 +384,8 @@ class Evaluator:
         self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
         self.pools, self.gates, self.start_lock, self.memory = None, {}, threading.Lock(), None
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
-                       "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"]}
+                       "compile": self.opts["compile_timeout"], "run": self.opts["run_timeout"],
+                       "jit": self.opts["jit_timeout"]}
 
     def _start(self) -> None:
         with self.start_lock:   # map() and holding_gpus() may be first from different threads

@@ -77,6 +77,7 @@ class _Instrumentation:
         self.builds = []                        # load_inline calls: {"name", "cuda_sources"}
         self.recording, self.paused = False, 0
         self.turn = None                        # the job's connection while it holds a shared GPU turn
+        self.conn = None                        # the job's connection: each Triton JIT compile is announced on it
         self.problems = []                      # deterministic/fill flags flipped inside a candidate call
         self.poison_s = 0.0                     # seconds spent NaN-filling the allocator before candidate calls
         instr = self
@@ -134,7 +135,7 @@ class _Instrumentation:
             cls.run = run
         if hasattr(JITFunction, "_do_compile"):   # (triton >= 3.3)
             def do_compile(kernel, *args, _original=JITFunction._do_compile, **kwargs):
-                with self.off_gpu():
+                with self.off_gpu(), self.compiling():
                     return _original(kernel, *args, **kwargs)
             JITFunction._do_compile = do_compile
         from triton.runtime.autotuner import Autotuner   # its benchmarking statistics use torch: not a fallback
@@ -171,6 +172,20 @@ class _Instrumentation:
         finally:
             gpu_turn(conn, "shared")
             self.turn = conn
+
+    @contextlib.contextmanager
+    def compiling(self):
+        """One Triton JIT compile, announced to the parent (run_job), which gives it its own time limit (jit_timeout)
+        inside the phase's: a kernel that unrolls into megabytes of PTX keeps ptxas busy for minutes. The parent's
+        kill of the worker's process group ends ptxas too."""
+        if self.conn is None:
+            yield
+            return
+        self.conn.send(("jit", True))
+        try:
+            yield
+        finally:
+            self.conn.send(("jit", False))
 
     def yield_turn(self) -> None:
         """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's

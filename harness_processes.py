@@ -478,7 +478,8 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
 
 def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
             gpu: int | None = None) -> dict:
-    """Send one job and wait for its result; each phase the worker announces gets its own time limit. The worker asks
+    """Send one job and wait for its result; each phase the worker announces gets its own time limit, and each Triton
+    JIT compile it announces ("jit") limits["jit"] within the phase's (absent: none). The worker asks
     for its GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and
     on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
     counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, sealed_file)
@@ -492,6 +493,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for the slowest such stretch among
     the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it ended in a request to time."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
+    jit_since, phase_deadline = None, None   # a Triton JIT compile under way: since when; the phase's own deadline
     longest, offered = (0.0, None), (time.monotonic(), phase)   # the longest stretch; the last chance: when, phase
     alone = {"since": None, "held": 0.0, "waited": 0.0}   # the exclusive turn: when taken, seconds held and waited
     deadline = time.monotonic() + limits[phase]
@@ -530,6 +532,10 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not worker.conn.poll(left):
+                if jit_since is not None and deadline < phase_deadline:   # (the compile's limit, not the phase's)
+                    return finish({"error_kind": "timeout", "compiled": False,
+                                   "error": f"a Triton JIT compile ran past {limits['jit']:g} s (jit_timeout)",
+                                   "details": {"phase": phase, "jit": True}})
                 return finish({"error_kind": "timeout", "compiled": phase == "run",
                                "error": f"{phase} phase timed out after {limits[phase]:.0f} s",
                                "details": {"phase": phase}})
@@ -559,7 +565,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
             if message[0] == "phase":
                 phase_s[phase] += time.monotonic() - clock
                 phase, clock = message[1], time.monotonic()
-                deadline = clock + limits[phase]
+                deadline, jit_since = clock + limits[phase], None
             elif message[0] in ("gpu", "mem"):   # wait for the GPU turn / the memory the worker asks for
                 start = time.monotonic()
                 if message[0] == "mem":
@@ -583,6 +589,12 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                 deadline, clock = deadline + wait, clock + wait
                 with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
                     worker.conn.send(("go",))
+            elif message[0] == "jit":   # a Triton JIT compile starts (True) or ends: its own limit within the phase's
+                if message[1]:
+                    jit_since, phase_deadline = time.monotonic(), deadline
+                    deadline = min(deadline, jit_since + limits.get("jit", float("inf")))
+                else:
+                    jit_since, deadline = None, phase_deadline
             elif message[0] == "timer?":   # a worker between two trials: should it give its turn back?
                 with contextlib.suppress(OSError):
                     worker.conn.send(bool(gate is not None and gate.timer_waiting()))

@@ -601,6 +601,7 @@ def _build_candidate(ev: _Evaluation) -> dict | None:
         return info
     ev.compile_s = info["compile_s"]
     ev.conn.send(("phase", "run"))
+    ev.instr.conn = ev.conn   # (Triton's JIT compiles announce themselves: jit_timeout)
     if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
         ev.instr.turn = ev.conn
     return None

@@ -939,6 +939,26 @@ def test_harness_gpu_known_good_cuda_and_triton_with_timing():
 
 @pytest.mark.gpu
 @gpu
+def test_harness_gpu_slow_triton_compile_is_a_jit_timeout():
+    """A Triton kernel that unrolls into a huge program (what a sampled kernel with a giant static loop does: ptxas
+    then runs for minutes) is a `timeout` at jit_timeout, not at the run phase's limit, and the next candidate of the
+    batch is ok."""
+    unrolled = RELU_KERNEL.replace("    tl.store(", "    acc = x\n    for i in tl.static_range(20000):\n"
+                                   "        acc = tl.maximum(acc, x * (i % 7 - 3.0))\n    tl.store(")
+    unrolled = unrolled.replace("tl.maximum(x, 0.0)", "tl.maximum(x, 0.0) + acc * 0.0")
+    assert unrolled.count("static_range") == 1 and unrolled.count("acc * 0.0") == 1, unrolled
+    slow = _harness_relu(GOOD_RELU.split("def forward(self, x):\n")[1], kernel=unrolled)
+    clock = time.monotonic()
+    with eh.Evaluator(backend="triton", device="cuda", progress=False, jit_timeout=3.0) as ev:
+        results = ev.map([(GPU_RELU_TASK, slow), (GPU_RELU_TASK, GOOD_RELU)])
+    _show("slow jit, good", *results)
+    assert [r.error_kind for r in results] == ["timeout", "ok"], results
+    assert results[0].details["jit"] and "jit_timeout" in results[0].error, results[0]
+    assert time.monotonic() - clock < eh.DEFAULTS["run_timeout"]   # (the run phase's limit did not decide it)
+
+
+@pytest.mark.gpu
+@gpu
 def test_harness_gpu_illegal_memory_access_is_crash_and_next_is_ok():
     oob = _harness_cuda(body="y[i + (1L << 40)] = x[i];")
     with eh.Evaluator(backend="cuda", device="cuda", progress=False) as ev:

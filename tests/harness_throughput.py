@@ -772,6 +772,47 @@ def _scripted_details(script, gate, limits: dict) -> dict:
     return box["r"]["details"]
 
 
+def test_harness_jit_compile_has_its_own_time_limit():
+    """A Triton JIT compile the worker announces ("jit") gets limits["jit"] within the phase's: one that runs past it
+    is a `timeout` that says so (details["jit"], not compiled), long before the run phase's limit; compiles that end
+    in time give the phase its own deadline back, so a job whose run outlasts the JIT limit still gets its verdict."""
+    limits = {"startup": 30.0, "run": 30.0, "jit": 0.5}
+
+    def reply(script) -> dict:
+        worker, box = _ScriptedWorker(), {}
+        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits)))
+        thread.start()
+        script(worker.other)
+        thread.join(30)
+        return box["r"]
+
+    def start(conn):
+        conn.send(("ready", 0))
+        assert conn.recv()["kind"] == "evaluate"
+        conn.send(("phase", "run"))
+
+    def stuck_in_ptxas(conn):
+        start(conn)
+        conn.send(("jit", True))   # ... and never ends
+
+    clock = time.monotonic()
+    hung = reply(stuck_in_ptxas)
+    assert hung["error_kind"] == "timeout" and "a Triton JIT compile ran past 0.5 s" in hung["error"], hung
+    assert hung["details"]["jit"] and hung["compiled"] is False, hung
+    assert time.monotonic() - clock < 20   # (the run phase's limit, 30 s, did not decide it)
+
+    def compiles_then_runs(conn):
+        start(conn)
+        for _ in range(3):   # three quick compiles, then a run longer than the JIT limit
+            conn.send(("jit", True))
+            time.sleep(0.1)
+            conn.send(("jit", False))
+        time.sleep(1.0)
+        conn.send(("result", {"error_kind": "ok"}))
+
+    assert reply(compiles_then_runs)["error_kind"] == "ok"
+
+
 def test_harness_exclusive_turn_time_is_reported():
     """run_job reports how long a job held the GPU alone (exclusive_s: every other worker on the GPU waits that long)
     and how long it waited for that turn (exclusive_wait_s, part of gpu_wait_s), counted until it asks for another
