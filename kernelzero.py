@@ -188,6 +188,8 @@ class Config:
     #                          SFT_DIR/coder`); the loop reads the adapters alone (adapter.pt): off in the CPU default
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
+    gpu_workers: int = 8  # candidates the harness checks at once per GPU: 8 keep 24 processes with a CUDA context
+    #   ready (~18 GB), so runs that share a GPU share them out (replicate.sh: 3 side by side with 3 each)
     timing_budget_s: float = 0.25  # ceiling on the harness's timing per correct candidate in the probe and Coder
     #   phases (the held-out eval keeps the harness's 2 s): candidates are timed one at a time, so this bounds a
     #   round's serial part, and a few percent of timing error moves the clipped log-speedup reward by hundredths
@@ -1118,7 +1120,8 @@ RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_token
           "lora_rank": (0, None), "lora_alpha": (ABOVE_0, None),
           "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
           "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
-          "eval_workers": (0, None), "eval_every": (0, None), "eval_max_tasks": (0, None), "eval_samples": (1, None),
+          "eval_workers": (0, None), "gpu_workers": (1, None), "eval_every": (0, None), "eval_max_tasks": (0, None),
+          "eval_samples": (1, None),
           "eval_ends_samples": (0, None), "eval_temperature": (0.0, None), "time_limit": (0.0, None),
           "timing_budget_s": (ABOVE_0, None), "level": (1, None), "samples": (1, None), "temperature": (0.0, None)}
 

@@ -38,6 +38,8 @@ MINUTES=${MINUTES:-0}             # this invocation's time (0: none); the runs g
 PAIRS=${PAIRS:-256}               # synthetic modules the base model answers for the self-distilled corpus
 EXTRA=${EXTRA:-}                  # more kernelzero.py flags for every stage (e.g. --lr 2e-6 --group-size 8)
 GPUS=${GPUS:-1}                   # GPUs per stage: above 1, torchrun on that many (README, "One GPU node: torchrun")
+WORKERS=${WORKERS:-8}             # candidates the harness checks at once per GPU, shared out between the stages that
+                                  # run side by side on one GPU (each slot keeps ~3 processes with a CUDA context)
 common="--backend triton --coder-model $MODEL --proposer-model $MODEL --eval-levels 1 --eval-samples 4 \
   --eval-ends-levels 1,2 --eval-ends-samples $SAMPLES $EXTRA"
 t0=$SECONDS
@@ -77,26 +79,27 @@ seed_stage() {
   if [ ! -f "$OUT/seed/done" ]; then
     log "starting pool: probing its candidates with the chosen start's Coder"
     rm -rf "$OUT/seed"
-    kz 0 --rounds 0 $common $(from_flags "$1") --run-dir "$OUT/seed" > "$OUT/seed.log" 2>&1
+    kz 0 --rounds 0 $common $(from_flags "$1") "${@:2}" --run-dir "$OUT/seed" > "$OUT/seed.log" 2>&1
     touch "$OUT/seed/done"
   fi
 }
 # One starting point judged is the chosen one already: when it is made (the base model, or an SFT that exists), its
 # pool is probed beside its eval, which shares the GPU (the harness's gate still times every kernel alone)
-early=""
+early="" halves=""
 only=$(echo $STARTS)
 if [ "$only" = base ] || [[ "$only" =~ ^(templates|self)$ && -d "$OUT/sft_$only/proposer" ]]; then
-  seed_stage "$only" &
+  [ "$GPUS" = 1 ] && halves="--gpu-workers $(((WORKERS + 1) / 2))"
+  seed_stage "$only" $halves &
   early=$!
 fi
-start base --no-sft
-start templates --sft --sft-data kernelbench_tasks/sft_data/triton_2000.jsonl.gz --sft-dir "$OUT/sft_templates"
+start base --no-sft $halves
+start templates $halves --sft --sft-data kernelbench_tasks/sft_data/triton_2000.jsonl.gz --sft-dir "$OUT/sft_templates"
 if [[ " $STARTS " == *" self "* ]] && [ ! -f "$OUT/distill/pairs.jsonl" ]; then
   log "distill"
   kz 0 distill $common --sft-pairs "$PAIRS" --samples 8 --run-dir "$OUT/distill" > "$OUT/distill.log" 2>&1
 fi
 if [ -s "$OUT/distill/pairs.jsonl" ]; then
-  start self --sft --sft-data "$OUT/distill/pairs.jsonl" --sft-dir "$OUT/sft_self"
+  start self $halves --sft --sft-data "$OUT/distill/pairs.jsonl" --sft-dir "$OUT/sft_self"
 else
   log "distill kept no verified kernel: no self-distilled starting point"
 fi
@@ -138,7 +141,10 @@ rounds_done() {   # rounds_done NAME: the round its checkpoint holds
   echo $((10#${latest#ckpt_}))
 }
 log "runs: main, correctness, uniform ($ROUNDS rounds each)"
-run main 0 & run correctness "$GPUS" --coder-reward correctness & run uniform $((2 * GPUS)) --proposer-mode uniform &
+thirds=""   # (on one GPU the three runs share it, and its harness workers)
+[ "$GPUS" = 1 ] && thirds="--gpu-workers $(((WORKERS + 2) / 3))"
+run main 0 $thirds & run correctness "$GPUS" $thirds --coder-reward correctness &
+run uniform $((2 * GPUS)) $thirds --proposer-mode uniform &
 wait
 for name in main correctness uniform; do
   if [ "$(rounds_done $name)" -lt "$ROUNDS" ]; then

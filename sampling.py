@@ -146,7 +146,8 @@ def open_evaluator(cfg, harness_device, device, **opts):
     GPU), and the CPU cores shared out between the ranks."""
     workers = cfg.eval_workers or (None if world() == 1 else max(1, len(os.sched_getaffinity(0)) // world()))
     gpus = [device.index] if device.index is not None else None
-    return Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=workers, gpus=gpus, **opts)
+    return Evaluator(backend=cfg.backend, device=harness_device, cpu_workers=workers, gpus=gpus,
+                     gpu_workers=cfg.gpu_workers, **opts)
 
 
 def harness_device_for(cfg, device):

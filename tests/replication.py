@@ -224,6 +224,9 @@ def test_replication_script_one_start_probes_its_pool_beside_its_eval(tmp_path):
     assert log.index("starting pool") < log.index("chosen starting point: base"), log
     assert "start templates" not in log and (out / "seed" / "done").exists()
     assert (out / "seed" / "seed_pool.json").exists()   # (probed: --seed-probe 1 overrides the tiny preset's 0)
+    # the GPU's harness workers shared out: 8 -> 4 each for the start's eval and the seed stage, 3 for each run
+    assert json.load(open(out / "seed" / "config.json"))["gpu_workers"] == 4
+    assert json.load(open(out / "start_base" / "config.json"))["gpu_workers"] == 4
     for run in ("main", "correctness", "uniform"):
-        assert f"--seed-from {out}/seed/seed_pool.json" in (out / run / "config.json").read_text() or \
-            json.load(open(out / run / "config.json"))["seed_from"] == f"{out}/seed/seed_pool.json", run
+        config = json.load(open(out / run / "config.json"))
+        assert config["seed_from"] == f"{out}/seed/seed_pool.json" and config["gpu_workers"] == 3, (run, config)
