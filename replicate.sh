@@ -87,7 +87,7 @@ seed_stage() {
 # pool is probed beside its eval, which shares the GPU (the harness's gate still times every kernel alone)
 early="" halves=""
 only=$(echo $STARTS)
-if [ "$only" = base ] || [[ "$only" =~ ^(templates|self)$ && -d "$OUT/sft_$only/proposer" ]]; then
+if [ ! -f "$OUT/seed/done" ] && { [ "$only" = base ] || [[ "$only" =~ ^(templates|self)$ && -d "$OUT/sft_$only/proposer" ]]; }; then
   [ "$GPUS" = 1 ] && halves="--gpu-workers $(((WORKERS + 1) / 2))"
   seed_stage "$only" $halves &
   early=$!
