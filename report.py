@@ -125,7 +125,8 @@ def compare_evals(paths, n_boot=10000):
     """The compare subcommand. Per level and eval: pass@1 with its 95% bootstrap interval over tasks, pass@n (n: the
     fewest samples per task of all evals), fast_1 and the geometric-mean speedup of correct kernels; for every eval
     after the first, its pass@1 minus the first's with a paired bootstrap interval (tasks matched by name).
-    Prints one markdown table per level; returns {level: [one row dict per eval]}."""
+    Prints one markdown table per level, the per-task table, and for two tasks the second eval gained the kernels
+    before and after; returns {level: [one row dict per eval]}."""
     evals = [load_eval(p) for p in paths]
     out = {}
     for level in sorted(set().union(*evals)):
@@ -165,6 +166,8 @@ def compare_evals(paths, n_boot=10000):
         for row, levels in zip(rows[1:], evals[1:]):
             row["gained"], row["lost"] = task_changes(first, levels[level])
         print_task_table(names, [levels[level] for levels in evals])
+        if len(evals) > 1:
+            print_before_after(rows[1]["gained"], first, evals[1][level])
     return out
 
 
@@ -194,6 +197,20 @@ def print_task_table(names, evals):
             mark = " +" if i and c and not c0 else " -" if i and c0 and not c else ""
             cells.append(f"{c}/{n}{mark}")
         print(f"| {t} | " + " | ".join(cells) + " |")
+
+
+def print_before_after(gained, before, after, k=2):
+    """For k of the tasks the second eval gained (those it solved most often first), what the Coder wrote before (the
+    first sample, and its verdict) and after (its first correct sample, and its speedup), from the evals' answers
+    (each kept up to evaluation.ANSWER_CHARS characters)."""
+    shown = sorted((t for t in gained if before[t].get("answers") and after[t].get("answers")),
+                   key=lambda t: -sum(after[t]["sample_correct"]))[:k]
+    for t in shown:
+        i = after[t]["sample_correct"].index(True)
+        speedup = after[t]["sample_speedup"][i]
+        print(f"\n#### {t}: before (sample 1: {before[t]['sample_kind'][0]})\n\n{before[t]['answers'][0].strip()}")
+        print(f"\n#### {t}: after (sample {i + 1}: correct, speedup "
+              f"{'-' if speedup is None else f'{speedup:.2f}x'})\n\n{after[t]['answers'][i].strip()}")
 
 
 # -----------------------------------------------------------------------------

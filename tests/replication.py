@@ -76,6 +76,7 @@ def test_replication_compare_intervals_and_paired_difference(tmp_path, capsys):
     # the per-task table: t1..t3 became solved, t0 improved (it was solved before); u0 became solved
     assert a1["gained"] == ["t1", "t2", "t3"] and a1["lost"] == [] and a2["gained"] == ["u0"]
     assert "| t1 | 0/2 | 2/2 + |" in printed and "| t0 | 1/2 | 2/2 |" in printed and "| u0 | 0/2 | 1/2 + |" in printed
+    assert "####" not in printed   # (these evals kept no answers: no kernels to show)
     out = kz.cli(["compare", str(tmp_path / "after.json"), str(base)])   # (the other way round: losses)
     assert out["level1"][1]["lost"] == ["t1", "t2", "t3"] and "| t1 | 2/2 | 0/2 - |" in capsys.readouterr().out
 
@@ -86,6 +87,31 @@ def test_replication_compare_intervals_and_paired_difference(tmp_path, capsys):
         kz.cli(["compare", str(base), str(tmp_path / "fewer.json")])
     with pytest.raises(SystemExit, match="no eval_level"):
         kz.cli(["compare", str(tmp_path), str(tmp_path / "after.json")])
+
+
+def test_replication_compare_shows_kernels_before_and_after(tmp_path, capsys):
+    """compare prints, for two of the tasks the second eval gained (those it solved most often first), the first
+    eval's first answer with its verdict and the second's first correct answer with its speedup."""
+    import kernelzero as kz
+
+    def task(correct, kinds, answers, speedup=None):
+        return dict(_task(correct, speedup or [None] * len(correct)), sample_kind=kinds, answers=answers)
+
+    before = {"t1": task([False, False], ["mismatch", "compile"], ["old t1 a", "old t1 b"]),
+              "t2": task([False, False], ["runtime", "runtime"], ["old t2 a", "old t2 b"]),
+              "t3": task([False, False], ["format", "format"], ["old t3 a", "old t3 b"])}
+    after = {"t1": task([False, True], ["mismatch", "ok"], ["new t1 a", "new t1 b"], [None, 1.5]),
+             "t2": task([True, True], ["ok", "ok"], ["new t2 a", "new t2 b"], [0.25, 2.0]),
+             "t3": task([False, True], ["compile", "ok"], ["new t3 a", "new t3 b"], [None, 3.0])}
+    for name, tasks in (("before", before), ("after", after)):
+        with open(tmp_path / f"{name}.json", "w") as f:
+            json.dump({"round": 0, "samples": 2, "level1": tasks}, f)
+    kz.cli(["compare", str(tmp_path / "before.json"), str(tmp_path / "after.json")])
+    printed = capsys.readouterr().out
+    # t2 (2 of 2 after) first, then t1 (the first of the tasks solved once); t3 is left out
+    assert printed.index("#### t2: before (sample 1: runtime)\n\nold t2 a") < printed.index("#### t1: before")
+    assert "#### t2: after (sample 1: correct, speedup 0.25x)\n\nnew t2 a" in printed
+    assert "#### t1: after (sample 2: correct, speedup 1.50x)\n\nnew t1 b" in printed and "#### t3" not in printed
 
 
 def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path, capsys):
