@@ -100,7 +100,7 @@ if [[ " $STARTS " == *" self "* ]] && [ ! -f "$OUT/distill/pairs.jsonl" ]; then
 fi
 if [ -s "$OUT/distill/pairs.jsonl" ]; then
   start self $halves --sft --sft-data "$OUT/distill/pairs.jsonl" --sft-dir "$OUT/sft_self"
-else
+elif [[ " $STARTS " == *" self "* ]]; then
   log "distill kept no verified kernel: no self-distilled starting point"
 fi
 starts=""

@@ -248,7 +248,7 @@ def test_replication_script_one_start_probes_its_pool_beside_its_eval(tmp_path):
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     log = (out / "stages.log").read_text()
     assert log.index("starting pool") < log.index("chosen starting point: base"), log
-    assert "start templates" not in log and (out / "seed" / "done").exists()
+    assert "start templates" not in log and "distill" not in log and (out / "seed" / "done").exists()
     assert (out / "seed" / "seed_pool.json").exists()   # (probed: --seed-probe 1 overrides the tiny preset's 0)
     # the GPU's harness workers shared out: 8 -> 4 each for the start's eval and the seed stage, 3 for each run
     assert json.load(open(out / "seed" / "config.json"))["gpu_workers"] == 4
