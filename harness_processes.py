@@ -593,7 +593,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                 if message[1]:
                     jit_since, phase_deadline = time.monotonic(), deadline
                     deadline = min(deadline, jit_since + limits.get("jit", float("inf")))
-                else:
+                elif jit_since is not None:   # (an end without a start changes nothing)
                     jit_since, deadline = None, phase_deadline
             elif message[0] == "timer?":   # a worker between two trials: should it give its turn back?
                 with contextlib.suppress(OSError):

@@ -803,6 +803,7 @@ def test_harness_jit_compile_has_its_own_time_limit():
 
     def compiles_then_runs(conn):
         start(conn)
+        conn.send(("jit", False))   # (an end without a start changes nothing)
         for _ in range(3):   # three quick compiles, then a run longer than the JIT limit
             conn.send(("jit", True))
             time.sleep(0.1)
