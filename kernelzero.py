@@ -257,14 +257,17 @@ def example_elements(device):
 
 
 def sft_examples(pairs, backend, one_shot, elements=0):
-    """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask."""
+    """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask. With
+    `elements` (a GPU), the Proposer's modules are grown to GPU sizes (synth.gpu_sized): at the corpus's CPU sizes a
+    GPU runs them in under 50 us, the linter rejects them, and a Proposer trained on them writes such modules."""
     coder, proposer = [], []
     for p in pairs:
         coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
         apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
         if len(apis) == len(p["apis"]):
+            module = synth.gpu_sized(p["module"], elements) if elements else p["module"]
             proposer.append((proposer_prompt(catalog.render_api_set(apis), catalog.render_examples(apis, elements)),
-                             f"```python\n{p['module'].strip()}\n```"))
+                             f"```python\n{module.strip()}\n```"))
     return coder, proposer
 
 
@@ -312,12 +315,14 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
 
 
 def sft_warm_start(cfg, device, harness_device):
-    """(coder_path, proposer_path) of the SFT checkpoint; trains it first when it does not exist yet. With LoRA each
-    path holds the merged model and the adapter (adapter.pt), which the loop goes on training."""
+    """(coder_path, proposer_path) of the SFT checkpoint; trains each model whose checkpoint does not exist yet (so
+    removing one model's folder makes that one again). With LoRA each path holds the merged model and the adapter
+    (adapter.pt), which the loop goes on training."""
     lora = f"_lora{cfg.lora_rank}" if cfg.lora_rank else ""
     out = cfg.sft_dir or os.path.join("runs", f"sft_{slug(cfg.coder_model)}_{cfg.backend}{lora}")
     paths = os.path.join(out, "coder"), os.path.join(out, "proposer")
-    if all(os.path.exists(os.path.join(p, "adapter.pt" if lora else "config.json")) for p in paths):
+    made = [os.path.exists(os.path.join(p, "adapter.pt" if lora else "config.json")) for p in paths]
+    if all(made):
         say(f"SFT warm start: using the checkpoint in {out}")
         return paths
     if lora and any(os.path.exists(os.path.join(p, "config.json")) for p in paths):   # (never overwrite it)
@@ -341,8 +346,11 @@ def sft_warm_start(cfg, device, harness_device):
     say(f"SFT warm start on {len(pairs)} pairs -> {out}")
     t0 = time.perf_counter()
     losses = {}
-    for role, name, examples, path in (("coder", cfg.coder_model, coder_ex, paths[0]),
-                                       ("proposer", cfg.proposer_model, proposer_ex, paths[1])):
+    for role, name, examples, path, done in (("coder", cfg.coder_model, coder_ex, paths[0], made[0]),
+                                             ("proposer", cfg.proposer_model, proposer_ex, paths[1], made[1])):
+        if done:   # (one model's SFT is kept as it is, e.g. the Coder's, when only the other's is made again)
+            say(f"sft {role}: using the checkpoint in {path}")
+            continue
         policy = make_policy(name, cfg, cfg.sft_lr, device)
         if cfg.sft_fit:   # only kernels that fit the completion budget (the Proposer's modules are far shorter)
             examples = [e for e in examples if len(policy.tok(e[1], add_special_tokens=False).input_ids)
@@ -357,7 +365,10 @@ def sft_warm_start(cfg, device, harness_device):
         if device.type == "cuda":   # SFT's logits (batch x length x vocab) leave tens of GB in torch's cache: give
             torch.cuda.empty_cache()   # them back, or the harness's workers find the GPU full (out of memory)
     if rank() == 0:   # the loss curves, for the plot and the run's summary (main copies them into the run folder)
-        write_json_atomic(os.path.join(out, SFT_LOSSES), {**losses, "steps": cfg.sft_steps, "batch": cfg.sft_batch,
+        kept = os.path.join(out, SFT_LOSSES)   # (a kept model's curve stays)
+        losses = {**({k: v for k, v in json.load(open(kept)).items() if k in ("coder", "proposer")}
+                     if os.path.exists(kept) else {}), **losses}
+        write_json_atomic(kept, {**losses, "steps": cfg.sft_steps, "batch": cfg.sft_batch,
                                                           "lr": cfg.sft_lr, "lora_rank": cfg.lora_rank,
                                                           "seconds": time.perf_counter() - t0})
     say(f"SFT warm start took {time.perf_counter() - t0:.0f}s")

@@ -42,6 +42,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from dataclasses import dataclass
 
@@ -558,6 +559,43 @@ def _cuda_gemm(spec, inputs):
             " " * 63 + "b.data_ptr<float>(), out.data_ptr<float>(), M, N, K);"]
     py_args = ["x", "self.linear.weight", "self.linear.bias"] if linear else ["x", "weight", "bias"]
     return kernel, ["torch::Tensor x", "torch::Tensor w", "torch::Tensor b"], py_args, host
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GPU sizes for the Proposer's SFT targets
+
+
+def gpu_sized(module_src, elements):
+    """A corpus module with its size constants grown for GPU timing, as the Proposer's prompt asks for them (the
+    corpus keeps CPU sizes, so that the interpreter verifies a pair in seconds; a Proposer trained on those writes
+    modules that a GPU runs in under 50 us, which the linter rejects). A gemm's in_features and out_features are
+    doubled to 1024 at least and its batch to 2048 rows; otherwise the batch (alone, the dim) is doubled until the
+    largest input holds at least elements / 2 values. Sizes are measured by running get_inputs on the meta device.
+
+    batch_size = 256, dim = 48 (12,288 values), elements 2**25 -> batch_size = 524288 (25,165,824 values)"""
+    if not elements:
+        return module_src
+    consts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+) = (\d+)$", module_src, re.M)}
+
+    def render():
+        return re.sub(r"^(\w+) = (\d+)$", lambda m: f"{m.group(1)} = {consts.get(m.group(1), m.group(2))}",
+                      module_src, flags=re.M)
+
+    def largest():   # (the corpus's own code: it is run here, unlike a proposed module)
+        namespace = {}
+        exec(compile(render(), "<module>", "exec"), namespace)
+        with torch.device("meta"):
+            return max(x.numel() for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor))
+
+    gemm = "in_features" in consts
+    for name in ("in_features", "out_features"):
+        while name in consts and consts[name] < 1024:
+            consts[name] *= 2
+    grow = "batch_size" if "batch_size" in consts else "dim"
+    target = 2048 * consts["in_features"] if gemm else elements // 2
+    while grow in consts and largest() < target:
+        consts[grow] *= 2
+    return render()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -528,6 +528,40 @@ def test_solutions_synth_modules_use_their_apis_and_cover_every_kind():
     assert len({catalog.normalized_source_hash(p["module"]) for p in pairs}) == len(pairs), "duplicate modules"
 
 
+def test_solutions_synth_gpu_sized_grows_only_the_sizes():
+    """synth.gpu_sized (the Proposer's SFT targets on a GPU): only size constants change; a gemm's features reach
+    1024 and its rows 2048, any other module's largest input lands in [elements / 2, elements); the inputs stay under
+    the linter's 512 MB; the APIs are still used; no `elements`, no change. One module of each kind, so grown, passes
+    the task linter on the CPU."""
+    import re
+    pairs, _ = synth.generate_pairs(300, "triton", seed=11, verify=False)
+    size_line = re.compile(r"^\w+ = \d+$", re.M)
+
+    def inputs(src):
+        namespace = {}
+        exec(src, namespace)
+        with torch.device("meta"):
+            return [x for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor)]
+
+    linted = {}
+    for p in pairs:
+        grown = synth.gpu_sized(p["module"], 2 ** 25)
+        assert size_line.sub("", grown) == size_line.sub("", p["module"]), grown   # (the rest is untouched)
+        assert synth.gpu_sized(p["module"], 0) == p["module"]
+        xs = inputs(grown)
+        largest = max(x.numel() for x in xs)
+        if p["kind"] == "gemm":
+            features = {k: int(v) for k, v in re.findall(r"^(in_features|out_features) = (\d+)$", grown, re.M)}
+            assert min(features.values()) >= 1024 and largest // features["in_features"] >= 2048, grown
+        else:
+            assert 2 ** 24 <= largest < 2 ** 25 or largest == max(x.numel() for x in inputs(p["module"])), grown
+        assert sum(x.numel() * x.element_size() for x in xs) <= 512 * 2 ** 20, grown
+        assert catalog.module_uses_apis(grown, p["apis"]) == [], grown
+        linted.setdefault(p["kind"], grown)
+    reports = eval_harness.lint_tasks(list(linted.values()), device="cpu", workers=2)
+    assert all(r["ok"] for r in reports), [(k, r["problems"]) for k, r in zip(linted, reports) if not r["ok"]]
+
+
 def test_solutions_synth_never_reproduces_a_held_out_task():
     held_out = synth.level_task_hashes()
     assert len(held_out) >= 21

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import re
+import shutil
 import threading
 import types
 
@@ -1062,12 +1063,19 @@ def test_trainer_gpu_logprobs_finite_on_rows_that_are_mostly_padding(kernel):
 
 
 def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
+    from kernelbench_tasks import synth
     from kernelbench_tasks.synth import generate_pairs
     pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
     coder_ex, proposer_ex = kz.sft_examples(pairs, "triton", one_shot=False)
     assert len(coder_ex) == 4 and len(proposer_ex) == 4
     assert pairs[0]["module"].strip() in coder_ex[0][0] and coder_ex[0][1].startswith("```python\n")
     assert pairs[0]["solution"].strip() in coder_ex[0][1] and pairs[0]["apis"][0] in proposer_ex[0][0]
+    assert pairs[0]["module"].strip() in proposer_ex[0][1]   # (CPU sizes without `elements`)
+    # for a GPU the Proposer's targets are the modules grown to GPU sizes; the Coder's modules are left as they are
+    gpu_coder, gpu_proposer = kz.sft_examples(pairs, "triton", one_shot=False, elements=2 ** 25)
+    assert [c for c, _ in gpu_coder] == [c for c, _ in coder_ex]
+    assert gpu_proposer[0][1] == "```python\n" + synth.gpu_sized(pairs[0]["module"], 2 ** 25).strip() + "\n```"
+    assert gpu_proposer[0][1] != proposer_ex[0][1]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     cfg = _trainer_cfg(sft_data=str(data), sft_dir=str(tmp_path / "sft"), sft_steps=2, sft_batch=2)
@@ -1076,6 +1084,17 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left" and model.config.num_hidden_layers == 2
     assert kz.sft_warm_start(cfg, torch.device("cpu"), "cpu") == paths
     assert "using the checkpoint" in capsys.readouterr().out
+    # one model's folder removed: that model alone is trained again, the other and its loss curve are kept
+    coder_bytes = open(os.path.join(paths[0], "model.safetensors"), "rb").read()
+    curves = json.load(open(tmp_path / "sft" / kz.SFT_LOSSES))
+    shutil.rmtree(paths[1])
+    assert kz.sft_warm_start(cfg, torch.device("cpu"), "cpu") == paths
+    out = capsys.readouterr().out
+    assert f"sft coder: using the checkpoint in {paths[0]}" in out and "sft proposer: using" not in out
+    assert os.path.exists(os.path.join(paths[1], "config.json"))
+    assert open(os.path.join(paths[0], "model.safetensors"), "rb").read() == coder_bytes
+    again = json.load(open(tmp_path / "sft" / kz.SFT_LOSSES))
+    assert again["coder"] == curves["coder"] and len(again["proposer"]) == 2
     gz = tmp_path / "pairs.jsonl.gz"   # the gzipped form (the committed corpus) reads the same
     gz.write_bytes(gzip.compress(data.read_bytes()))
     with pytest.raises(SystemExit, match="no cuda pairs"):
