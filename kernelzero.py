@@ -72,7 +72,7 @@ from tqdm import tqdm
 
 from eval_harness import extract_code, lint_rule
 from evaluation import held_out_eval, load_tasks, run_distill, run_eval
-from kernelbench_tasks import catalog, held_out_hashes, synth
+from kernelbench_tasks import catalog, compose, held_out_hashes, synth
 from models import ATTENTIONS, model_problem
 from report import UsageError, compare_evals, geomean_speedup, plot_runs
 from runs import (ROUND_LEGEND, SFT_LOSSES, append_metrics, console_line, load_checkpoint, phases_line, run_summary,
@@ -184,6 +184,8 @@ class Config:
     sft_dir: str = ""  # where the SFT checkpoint lives; "" = runs/sft_<backend>
     sft_fit: bool = False  # train only on pairs whose kernel fits max_new_tokens (a short budget in the CPU default
     #                        must not teach answers cut off before their code block closes)
+    sft_compositions: bool = True  # also train the Proposer on the catalog's two-API compositions
+    #                                (kernelbench_tasks/compose.py: every catalog kind, not only the corpus's five)
     sft_merged: bool = True  # with LoRA, also write the merged models to the SFT folder (for `eval --coder-model
     #                          SFT_DIR/coder`); the loop reads the adapters alone (adapter.pt): off in the CPU default
     # harness
@@ -256,18 +258,21 @@ def example_elements(device):
     return 2 ** 25 if device.type == "cuda" else 0
 
 
-def sft_examples(pairs, backend, one_shot, elements=0):
+def sft_examples(pairs, backend, one_shot, elements=0, compositions=()):
     """Coder: module -> kernel; Proposer: API set -> module. Targets are ```python blocks, as the prompts ask. With
     `elements` (a GPU), the Proposer's modules are grown to GPU sizes (synth.gpu_sized): at the corpus's CPU sizes a
-    GPU runs them in under 50 us, the linter rejects them, and a Proposer trained on them writes such modules."""
+    GPU runs them in under 50 us, the linter rejects them, and a Proposer trained on them writes such modules.
+    `compositions` ([(apis, module)], compose.proposer_targets) are more Proposer targets, over every catalog kind."""
     coder, proposer = [], []
     for p in pairs:
         coder.append((coder_prompt(p["module"], backend, one_shot), f"```python\n{p['solution'].strip()}\n```"))
         apis = [catalog.BY_NAME[n] for n in p["apis"] if n in catalog.BY_NAME]
         if len(apis) == len(p["apis"]):
             module = synth.gpu_sized(p["module"], elements) if elements else p["module"]
-            proposer.append((proposer_prompt(catalog.render_api_set(apis), catalog.render_examples(apis, elements)),
-                             f"```python\n{module.strip()}\n```"))
+            proposer.append((apis, module))
+    proposer += [([catalog.BY_NAME[n] for n in names], module) for names, module in compositions]
+    proposer = [(proposer_prompt(catalog.render_api_set(apis), catalog.render_examples(apis, elements)),
+                 f"```python\n{module.strip()}\n```") for apis, module in proposer]
     return coder, proposer
 
 
@@ -342,7 +347,9 @@ def sft_warm_start(cfg, device, harness_device):
     pairs = [p for p in pairs if p.get("backend", cfg.backend) == cfg.backend]
     if not pairs:
         raise SystemExit(f"{data} has no {cfg.backend} pairs: regenerate it with --backend {cfg.backend}")
-    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot, example_elements(device))
+    elements = example_elements(device)
+    coder_ex, proposer_ex = sft_examples(pairs, cfg.backend, cfg.one_shot, elements,
+                                         compose.proposer_targets(elements) if cfg.sft_compositions else ())
     say(f"SFT warm start on {len(pairs)} pairs -> {out}")
     t0 = time.perf_counter()
     losses = {}

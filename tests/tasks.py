@@ -562,6 +562,39 @@ def test_solutions_synth_gpu_sized_grows_only_the_sizes():
     assert all(r["ok"] for r in reports), [(k, r["problems"]) for k, r in zip(linted, reports) if not r["ok"]]
 
 
+def test_solutions_compose_chains_two_apis_and_the_list_lints():
+    """compose.py: the second API takes the first's output (its other inputs shaped like that output), a module each
+    in its own attribute; a second API whose inputs differ in shape is not composable; the committed list renders at
+    the example and the GPU sizes (inputs under 512 MB), spans most catalog kinds, and a sample of it passes the task
+    linter on the CPU."""
+    import random
+    from kernelbench_tasks import compose
+    src = compose.composed_module("torch.cummin", "torch.nn.functional.relu", 2)
+    assert "h = torch.cummin(x, dim=-1).values\n        return F.relu(h)" in src, src
+    src = compose.composed_module("torch.mm", "torch.add", 2, 2 ** 25)
+    assert "return torch.add(h, u)" in src and "torch.randn((1024, 1536))" in src, src   # u: h's shape
+    two = compose.composed_module("torch.nn.Linear", "torch.nn.LayerNorm", 2)
+    assert "self.op1 = nn.Linear(32, 64)" in two and "return self.op2(h)" in two, two
+    assert not compose.composable("torch.mm") and not compose.composable("torch.nn.functional.cross_entropy")
+    assert compose.composable("torch.add") and compose.composable("torch.cumsum")
+    listed = json.load(open(compose.COMPOSITIONS))
+    assert listed["stats"]["kept"] == len(listed["compositions"]) >= 500
+    small, large = compose.proposer_targets(0), compose.proposer_targets(2 ** 25)
+    assert len(small) == len(large) == len(listed["compositions"])
+    kinds = {catalog.BY_NAME[apis[0]]["kind"] for apis, _ in small}
+    assert len(kinds) >= 9, kinds
+    for apis, module in large:
+        namespace = {}
+        exec(module, namespace)
+        with torch.device("meta"):
+            xs = [x for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor)]
+        assert sum(x.numel() * x.element_size() for x in xs) <= 512 * 2 ** 20, module
+        assert catalog.module_uses_apis(module, apis) == [], module
+    sample = random.Random(0).sample(small, 8)
+    reports = eval_harness.lint_tasks([module for _, module in sample], device="cpu", workers=2)
+    assert all(r["ok"] for r in reports), [(apis, r["problems"]) for (apis, _), r in zip(sample, reports) if not r["ok"]]
+
+
 def test_solutions_synth_never_reproduces_a_held_out_task():
     held_out = synth.level_task_hashes()
     assert len(held_out) >= 21

@@ -1063,7 +1063,7 @@ def test_trainer_gpu_logprobs_finite_on_rows_that_are_mostly_padding(kernel):
 
 
 def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
-    from kernelbench_tasks import synth
+    from kernelbench_tasks import compose, synth
     from kernelbench_tasks.synth import generate_pairs
     pairs, _ = generate_pairs(4, "triton", seed=0, verify=False)
     coder_ex, proposer_ex = kz.sft_examples(pairs, "triton", one_shot=False)
@@ -1076,6 +1076,12 @@ def test_trainer_sft_warm_start_from_synth_pairs(tmp_path, capsys):
     assert [c for c, _ in gpu_coder] == [c for c, _ in coder_ex]
     assert gpu_proposer[0][1] == "```python\n" + synth.gpu_sized(pairs[0]["module"], 2 ** 25).strip() + "\n```"
     assert gpu_proposer[0][1] != proposer_ex[0][1]
+    # the catalog's compositions join the Proposer's targets, prompted with their own API set
+    src = compose.composed_module("torch.cummin", "torch.nn.functional.relu", 2)
+    _, with_compositions = kz.sft_examples(pairs, "triton", one_shot=False,
+                                           compositions=[(["torch.cummin", "torch.nn.functional.relu"], src)])
+    assert with_compositions[:4] == proposer_ex and len(with_compositions) == 5
+    assert "torch.cummin" in with_compositions[4][0] and with_compositions[4][1] == f"```python\n{src.strip()}\n```"
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     cfg = _trainer_cfg(sft_data=str(data), sft_dir=str(tmp_path / "sft"), sft_steps=2, sft_batch=2)
