@@ -87,7 +87,9 @@ seed_stage() {
 # pool is probed beside its eval, which shares the GPU (the harness's gate still times every kernel alone)
 early="" halves=""
 only=$(echo $STARTS)
-if [ ! -f "$OUT/seed/done" ] && { [ "$only" = base ] || [[ "$only" =~ ^(templates|self)$ && -d "$OUT/sft_$only/proposer" ]]; }; then
+made=""   # (is the one start made: the base model, or an SFT that exists)
+[ "$only" = base ] || [[ "$only" =~ ^(templates|self)$ && -d "$OUT/sft_$only/proposer" ]] && made=1
+if [ ! -f "$OUT/seed/done" ] && [ -n "$made" ]; then
   [ "$GPUS" = 1 ] && halves="--gpu-workers $(((WORKERS + 1) / 2))"
   seed_stage "$only" $halves &
   early=$!

@@ -35,13 +35,14 @@ from kernelbench_tasks import catalog
 # One composition
 
 COMPOSITIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_data", "proposer_compositions.json")
-EXTRA_NAMES = ("u", "v", "w")
-MAX_INPUT_BYTES = 512 * 2 ** 20   # the task linter's limit (max_input_mb)   # the second API's other inputs (the first API's are named x, y, z by the catalog)
+EXTRA_NAMES = ("u", "v", "w")   # the second API's other inputs (the first API's are named x, y, z by the catalog)
+MAX_INPUT_BYTES = 512 * 2 ** 20   # the task linter's limit (max_input_mb)
 
 
 def _renamed(call, names, op):
     """A call template with its input names replaced (`names`: old -> new) and its module `self.op` renamed."""
-    call = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], call) if names else call
+    if names:
+        call = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], call)
     return call.replace("self.op", op)
 
 

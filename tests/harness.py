@@ -27,8 +27,8 @@ import harness_processes as hp
 import harness_timing as ht
 import harness_worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
-                          GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_KERNEL, RELU_TASK, ROOT,
-                          SEGFAULT, WRONG, _HEADER, _harness_relu, stored_output_copier)
+                          GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_KERNEL, RELU_TASK,
+                          ROOT, SEGFAULT, WRONG, _HEADER, _harness_relu, stored_output_copier)
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Correctness and anti reward hacking: the rows of CASES and HANG_CASES, one Evaluator batch per option set

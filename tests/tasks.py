@@ -592,7 +592,8 @@ def test_solutions_compose_chains_two_apis_and_the_list_lints():
         assert catalog.module_uses_apis(module, apis) == [], module
     sample = random.Random(0).sample(small, 8)
     reports = eval_harness.lint_tasks([module for _, module in sample], device="cpu", workers=2)
-    assert all(r["ok"] for r in reports), [(apis, r["problems"]) for (apis, _), r in zip(sample, reports) if not r["ok"]]
+    failed = [(apis, r["problems"]) for (apis, _), r in zip(sample, reports) if not r["ok"]]
+    assert not failed, failed
 
 
 def test_solutions_synth_never_reproduces_a_held_out_task():
