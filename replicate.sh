@@ -163,7 +163,8 @@ log "runs done"
 last=$((ROUNDS - 1))
 python kernelzero.py compare "$OUT/start_$chosen/eval_round-1.json" "$OUT/main/eval_round$last.json" \
   "$OUT/correctness/eval_round$last.json" "$OUT/uniform/eval_round$last.json" | tee "$OUT/compare.txt"
-python kernelzero.py plot "$OUT/main" "$OUT/correctness" "$OUT/uniform" > /dev/null
+# (the chosen start's run of 0 rounds draws its held-out eval as one point at round -1)
+python kernelzero.py plot "$OUT/start_$chosen" "$OUT/main" "$OUT/correctness" "$OUT/uniform" > /dev/null
 mkdir -p "$RESULTS"   # metrics, evals, configs, the comparison and the figure; no checkpoints
 (cd "$OUT" && find . -maxdepth 2 \( -name metrics.jsonl -o -name 'eval_round*.json' -o -name config.json \
   -o -name stats.json -o -name seed_pool.json -o -name '*.txt' -o -name '*.png' -o -name stages.log \) -print0 | \
