@@ -35,6 +35,7 @@ import fcntl
 import multiprocessing
 import multiprocessing.reduction
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -476,6 +477,10 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
 # ---------------------------------------------------------------------------------------------------------------------
 # Running one job (parent side): phases, time limits, GPU turns, memory
 
+FORGED = ("the worker's pipe carried a message the harness did not send (a result without the job's key, or bytes "
+          "that are no message): the candidate wrote to the harness's pipe")
+
+
 def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
             gpu: int | None = None) -> dict:
     """Send one job and wait for its result; each phase the worker announces gets its own time limit, and each Triton
@@ -499,7 +504,10 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     deadline = time.monotonic() + limits[phase]
     clock, phase_s, pack = time.monotonic(), collections.Counter(), None
     pack_fd, known = job.get("pack_fd"), job.get("mem")
-    job = {k: v for k, v in job.items() if k not in ("pack_fd", "mem")}
+    # The job's key: the worker's result must carry it. The candidate runs in the worker and can write to the pipe
+    # (os.write on its descriptor): a verdict it forged there, without the key, is a reward hack, not a verdict
+    key = secrets.token_hex(16)
+    job = {**{k: v for k, v in job.items() if k not in ("pack_fd", "mem")}, "key": key}
 
     def admit(host: int, device: int) -> float:
         """Wait for (host, device) bytes; returns the seconds waited. Device bytes are host bytes without a GPU."""
@@ -540,7 +548,16 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                                "error": f"{phase} phase timed out after {limits[phase]:.0f} s",
                                "details": {"phase": phase}})
             try:
-                message = worker.conn.recv()
+                try:
+                    message = worker.conn.recv()
+                except (EOFError, OSError):
+                    raise
+                except Exception:   # (bytes that unpickle to no message: not the harness's either)
+                    message = None
+                if not isinstance(message, tuple) or not message or (message[0] == "result" and (
+                        len(message) != 3 or message[2] != key or not isinstance(message[1], dict))):
+                    return finish({"error_kind": "reward_hack", "error": FORGED, "compiled": phase == "run",
+                                   "details": {"check": "forged_message", "phase": phase}})
                 offer = message[0] in ("gpu", "timer?", "result")   # (a chance to give the turn up, or the end)
                 stretch = time.monotonic() - offered[0] if offer and held == "shared" else 0.0
                 if stretch > longest[0]:

@@ -172,6 +172,7 @@ def _worker_main(fd: int) -> None:
     threading.Thread(target=_die_with_parent, args=(os.getppid(),), daemon=True).start()
     conn.send(("ready", os.getpid()))
     job = conn.recv()
+    key = job.pop("key", None)   # (the result carries it: run_job rejects a result forged on the pipe without it)
     # KZ_WORKER_PROFILE=DIR: each job's own time under cProfile, one file per worker (bench.py harness
     # --round-profile merges them): where a verdict's seconds go, by function, waits for the GPU turn included
     profile_dir = os.environ.get("KZ_WORKER_PROFILE")
@@ -188,7 +189,7 @@ def _worker_main(fd: int) -> None:
         profiler.disable()
         with contextlib.suppress(OSError):
             profiler.dump_stats(os.path.join(profile_dir, f"{job['kind']}-{os.getpid()}.prof"))
-    conn.send(("result", result))
+    conn.send(("result", result, key))
     conn.close()
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
 

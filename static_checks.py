@@ -42,10 +42,17 @@ BANNED_IMPORTS = {  # module root -> check name
     "gc": "introspection",   # gc reaches every live object, the harness's stored reference outputs among them
     "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
     "torch.utils._python_dispatch": "torch_function", "torch._dynamo": "torch_compile", "torch._inductor": "torch_compile",
+    # raw file descriptors: the worker's pipe to the harness is one (a verdict written there is forged; run_job also
+    # rejects a result without the job's key)
+    "socket": "file_descriptors", "mmap": "file_descriptors", "fcntl": "file_descriptors", "pty": "file_descriptors",
+    "_io": "file_descriptors",
 }
 BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     "os.fork": "processes", "os.forkpty": "processes", "os.system": "processes", "os.popen": "processes",
     "os.posix_spawn": "processes", "os.posix_spawnp": "processes",
+    **{f"os.{name}": "file_descriptors" for name in ("write", "writev", "pwrite", "pwritev", "sendfile", "dup", "dup2",
+                                                       "fdopen", "open", "pipe", "pipe2", "openpty", "splice")},
+    "io.FileIO": "file_descriptors", "io.open": "file_descriptors",
     "gc.get_objects": "introspection", "gc.get_referrers": "introspection", "gc.get_referents": "introspection",
     "sys._getframe": "introspection", "sys._current_frames": "introspection", "sys.settrace": "introspection",
     "sys.setprofile": "introspection", "sys.modules": "sys_modules",
@@ -156,6 +163,11 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
             hit = banned_name(dotted(node, aliases))
             if hit:
                 return hit[0], f"uses {hit[1]}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open" and node.args:
+            path = node.args[0]   # open(fd) or a computed path may be the harness's pipe (/proc/self/fd/N)
+            if not (isinstance(path, ast.Constant) and isinstance(path.value, str)) or \
+                    path.value.startswith(("/proc", "/dev")):
+                return "file_descriptors", f"opens {ast.unparse(path)}"
         if isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
             return BANNED_ATTRS[node.attr], f"uses .{node.attr}"
         # __builtins__ holds __import__, exec and getattr by other names; globals() holds __builtins__

@@ -26,9 +26,9 @@ import harness_instrumentation as hi
 import harness_processes as hp
 import harness_timing as ht
 import harness_worker as hw
-from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL, GOOD_RELU,
-                          GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_KERNEL, RELU_TASK,
-                          ROOT, SEGFAULT, WRONG, _HEADER, _harness_relu, stored_output_copier)
+from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, FORGED_VERDICT, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL,
+                          GOOD_RELU, GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_KERNEL,
+                          RELU_TASK, ROOT, SEGFAULT, WRONG, _HEADER, _harness_relu, stored_output_copier)
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Correctness and anti reward hacking: the rows of CASES and HANG_CASES, one Evaluator batch per option set
@@ -935,6 +935,16 @@ def test_harness_gpu_known_good_cuda_and_triton_with_timing():
     autotuned = eh.evaluate(GPU_RELU_TASK, GOOD_AUTOTUNED, backend="triton", device="cuda")
     _show("autotuned", autotuned)
     assert autotuned.error_kind == "ok", autotuned   # do_bench's torch ops are not a PyTorch fallback
+
+
+def test_harness_forged_verdict_on_the_pipe_is_caught_at_run_time_too(monkeypatch):
+    """The forged_verdict case with the static check out of the way (as a route it does not name would be): the
+    forged result reaches the worker's pipe first, without the job's key, and the verdict is `reward_hack`
+    (forged_message), not the forged `ok` at 50x."""
+    monkeypatch.setattr(eh.static_checks, "static_check", lambda tree, aliases: None)
+    r = eh.evaluate(RELU_TASK, FORGED_VERDICT, backend="triton", device="cpu")
+    assert r.error_kind == "reward_hack" and r.details["check"] == "forged_message", r
+    assert r.speedup is None and not r.correct
 
 
 @pytest.mark.gpu

@@ -788,8 +788,10 @@ def test_harness_jit_compile_has_its_own_time_limit():
 
     def start(conn):
         conn.send(("ready", 0))
-        assert conn.recv()["kind"] == "evaluate"
+        job = conn.recv()
+        assert job["kind"] == "evaluate"
         conn.send(("phase", "run"))
+        return job
 
     def stuck_in_ptxas(conn):
         start(conn)
@@ -802,16 +804,44 @@ def test_harness_jit_compile_has_its_own_time_limit():
     assert time.monotonic() - clock < 20   # (the run phase's limit, 30 s, did not decide it)
 
     def compiles_then_runs(conn):
-        start(conn)
+        job = start(conn)
         conn.send(("jit", False))   # (an end without a start changes nothing)
         for _ in range(3):   # three quick compiles, then a run longer than the JIT limit
             conn.send(("jit", True))
             time.sleep(0.1)
             conn.send(("jit", False))
         time.sleep(1.0)
-        conn.send(("result", {"error_kind": "ok"}))
+        conn.send(("result", {"error_kind": "ok"}, job["key"]))
 
     assert reply(compiles_then_runs)["error_kind"] == "ok"
+
+
+def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
+    """The candidate runs in the worker and can write to the worker's pipe: a result there without the job's key
+    (run_job sends a fresh one with each job), or bytes that are no message, make the verdict `reward_hack`
+    (check "forged_message"), whatever the forged result says; the worker's own result, with the key, stands."""
+    limits = {"startup": 30.0, "run": 30.0}
+
+    def reply(send) -> dict:
+        worker, box = _ScriptedWorker(), {}
+        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits)))
+        thread.start()
+        worker.other.send(("ready", 0))
+        job = worker.other.recv()
+        send(worker.other, job)
+        thread.join(30)
+        return box["r"]
+
+    ok = {"error_kind": "ok", "correct": True, "speedup": 50.0}
+    keys = set()
+    for send in (lambda conn, job: conn.send(("result", ok)),                 # no key
+                 lambda conn, job: conn.send(("result", ok, "0" * 32)),       # a guessed key
+                 lambda conn, job: conn.send_bytes(b"\x80\x04not a pickle"),  # bytes that are no message
+                 lambda conn, job: conn.send("result")):                      # not a message tuple
+        r = reply(lambda conn, job, send=send: (keys.add(job["key"]), send(conn, job)))
+        assert r["error_kind"] == "reward_hack" and r["details"]["check"] == "forged_message", r
+    assert len(keys) == 4 and all(len(k) == 32 for k in keys)   # (a fresh key per job)
+    assert reply(lambda conn, job: conn.send(("result", ok, job["key"])))["error_kind"] == "ok"
 
 
 def test_harness_exclusive_turn_time_is_reported():
@@ -825,7 +855,8 @@ def test_harness_exclusive_turn_time_is_reported():
 
     def timer(conn):
         conn.send(("ready", 0))
-        assert conn.recv()["kind"] == "evaluate"
+        job = conn.recv()
+        assert job["kind"] == "evaluate"
         conn.send(("gpu", "shared"))
         conn.recv()
         other = gate.acquire("shared")   # another worker is mid-trial: the timer waits for it
@@ -836,7 +867,7 @@ def test_harness_exclusive_turn_time_is_reported():
         conn.send(("gpu", "shared"))
         conn.recv()
         time.sleep(1.0)   # checks after timing, not alone: not counted
-        conn.send(("result", {"error_kind": "ok"}))
+        conn.send(("result", {"error_kind": "ok"}, job["key"]))
 
     details = run(timer)
     assert 0.35 < details["exclusive_s"] < 0.95 and 0.25 < details["exclusive_wait_s"] < 0.95, details
@@ -844,10 +875,10 @@ def test_harness_exclusive_turn_time_is_reported():
 
     def checker(conn):
         conn.send(("ready", 0))
-        conn.recv()
+        job = conn.recv()
         conn.send(("gpu", "shared"))
         conn.recv()
-        conn.send(("result", {"error_kind": "mismatch"}))
+        conn.send(("result", {"error_kind": "mismatch"}, job["key"]))
 
     assert "exclusive_s" not in run(checker)
 
@@ -869,7 +900,7 @@ def test_harness_longest_shared_stretch_is_reported():
     def worker(prelude: float, trial: float, tail: float = 0.0):
         def script(conn):
             conn.send(("ready", 0))
-            conn.recv()
+            job = conn.recv()
             time.sleep(0.5)                # no turn yet: not counted
             ask(conn, "phase", "reference")
             ask(conn, "gpu", "shared")
@@ -883,7 +914,7 @@ def test_harness_longest_shared_stretch_is_reported():
             time.sleep(0.6)                # alone: not a shared stretch
             ask(conn, "gpu", "shared")
             time.sleep(tail)               # checks after timing, up to the verdict
-            conn.send(("result", {"error_kind": "ok"}))
+            conn.send(("result", {"error_kind": "ok"}, job["key"]))
         return script
 
     details = run(worker(prelude=0.4, trial=0.2))
@@ -895,9 +926,9 @@ def test_harness_longest_shared_stretch_is_reported():
 
     def never(conn):
         conn.send(("ready", 0))
-        conn.recv()
+        job = conn.recv()
         time.sleep(0.2)
-        conn.send(("result", {"error_kind": "compile"}))
+        conn.send(("result", {"error_kind": "compile"}, job["key"]))
     assert "longest_shared_s" not in run(never)
 
 
