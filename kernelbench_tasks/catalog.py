@@ -405,6 +405,15 @@ def scaled_shapes(entry, rank, elements):
     return [[s[0] * f] + s[1:] for s in shapes]
 
 
+def on_meta(src):
+    """(namespace, inputs) of a module source of our own making (a composition, a corpus module; never a proposed
+    one: it is run here), get_inputs() run on the meta device: shapes and sizes, nothing allocated."""
+    namespace = {}
+    exec(compile(src, "<module>", "exec"), namespace)
+    with torch.device("meta"):
+        return namespace, [x for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor)]
+
+
 def example_module_source(api, rank=None, dtype="float32", elements=0):
     """A KernelBench-format module whose forward is just the API's call template on its example inputs: small, or
     with about `elements` values in its largest input (scaled_shapes)."""

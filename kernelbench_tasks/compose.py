@@ -48,11 +48,9 @@ def _renamed(call, names, op):
 
 def _shape_of(first, shapes):
     """The shape of the first API's call on inputs of `shapes` (run on the meta device: nothing is allocated)."""
-    namespace = {}
-    src = _module(first, None, shapes, None, [])
-    exec(compile(src, "<composition>", "exec"), namespace)
+    namespace, inputs = catalog.on_meta(_module(first, None, shapes, None, []))
     with torch.device("meta"):
-        out = namespace["Model"]()(*namespace["get_inputs"]())
+        out = namespace["Model"]()(*inputs)
     return list(out.shape) if isinstance(out, torch.Tensor) else None
 
 
@@ -90,14 +88,6 @@ def composable(second):
     return all(len({tuple(s) for s in shapes}) == 1 for shapes in b["example_shapes"].values())
 
 
-def _input_bytes(src):
-    """Bytes of a module's inputs (get_inputs run on the meta device)."""
-    namespace = {}
-    exec(compile(src, "<composition>", "exec"), namespace)
-    with torch.device("meta"):
-        return sum(x.numel() * x.element_size() for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor))
-
-
 def composed_module(first, second, rank, elements=0):
     """Source of the module `first -> second` at `rank`, the first's inputs at about `elements` values
     (catalog.scaled_shapes; 0: the example sizes), halved until all inputs fit the linter's 512 MB (the second's
@@ -119,7 +109,7 @@ def composed_module(first, second, rank, elements=0):
         if h_shape is None or len(h_shape) not in b["ranks"] or len(b["inputs"]) - 1 > len(EXTRA_NAMES):
             return None
         src = _module(first, second, shapes, h_shape, list(EXTRA_NAMES[:len(b["inputs"]) - 1]))
-        if elements <= 1 or _input_bytes(src) <= MAX_INPUT_BYTES:
+        if elements <= 1 or sum(x.numel() * x.element_size() for x in catalog.on_meta(src)[1]) <= MAX_INPUT_BYTES:
             return src
         elements //= 2
 

@@ -581,11 +581,8 @@ def gpu_sized(module_src, elements):
         return re.sub(r"^(\w+) = (\d+)$", lambda m: f"{m.group(1)} = {consts.get(m.group(1), m.group(2))}",
                       module_src, flags=re.M)
 
-    def largest():   # (the corpus's own code: it is run here, unlike a proposed module)
-        namespace = {}
-        exec(compile(render(), "<module>", "exec"), namespace)
-        with torch.device("meta"):
-            return max(x.numel() for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor))
+    def largest():
+        return max(x.numel() for x in catalog.on_meta(render())[1])
 
     gemm = "in_features" in consts
     for name in ("in_features", "out_features"):

@@ -538,10 +538,7 @@ def test_solutions_synth_gpu_sized_grows_only_the_sizes():
     size_line = re.compile(r"^\w+ = \d+$", re.M)
 
     def inputs(src):
-        namespace = {}
-        exec(src, namespace)
-        with torch.device("meta"):
-            return [x for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor)]
+        return catalog.on_meta(src)[1]
 
     linted = {}
     for p in pairs:
@@ -584,10 +581,7 @@ def test_solutions_compose_chains_two_apis_and_the_list_lints():
     kinds = {catalog.BY_NAME[apis[0]]["kind"] for apis, _ in small}
     assert len(kinds) >= 9, kinds
     for apis, module in large:
-        namespace = {}
-        exec(module, namespace)
-        with torch.device("meta"):
-            xs = [x for x in namespace["get_inputs"]() if isinstance(x, torch.Tensor)]
+        xs = catalog.on_meta(module)[1]
         assert sum(x.numel() * x.element_size() for x in xs) <= 512 * 2 ** 20, module
         assert catalog.module_uses_apis(module, apis) == [], module
     sample = random.Random(0).sample(small, 8)
