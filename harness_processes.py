@@ -477,8 +477,11 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
 # ---------------------------------------------------------------------------------------------------------------------
 # Running one job (parent side): phases, time limits, GPU turns, memory
 
-FORGED = ("the worker's pipe carried a message the harness did not send (a result without the job's key, or bytes "
-          "that are no message): the candidate wrote to the harness's pipe")
+FORGED = ("the worker's pipe carried a message the harness did not send (a result without the job's key, a phase "
+          "entered again, or bytes that are no message): the candidate wrote to the harness's pipe")
+
+
+PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
 
 
 def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
@@ -554,8 +557,12 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                     raise
                 except Exception:   # (bytes that unpickle to no message: not the harness's either)
                     message = None
+                # (phases only go forward, in PHASES' order: a phase entered again would restart its clock, so a
+                # candidate that sent one over and over would never time out)
                 if not isinstance(message, tuple) or not message or (message[0] == "result" and (
-                        len(message) != 3 or message[2] != key or not isinstance(message[1], dict))):
+                        len(message) != 3 or message[2] != key or not isinstance(message[1], dict))) or (
+                        message[0] == "phase" and (len(message) != 2 or message[1] not in PHASES
+                                                   or PHASES.index(message[1]) <= PHASES.index(phase))):
                     return finish({"error_kind": "reward_hack", "error": FORGED, "compiled": phase == "run",
                                    "details": {"check": "forged_message", "phase": phase}})
                 offer = message[0] in ("gpu", "timer?", "result")   # (a chance to give the turn up, or the end)

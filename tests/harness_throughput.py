@@ -820,7 +820,7 @@ def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
     """The candidate runs in the worker and can write to the worker's pipe: a result there without the job's key
     (run_job sends a fresh one with each job), or bytes that are no message, make the verdict `reward_hack`
     (check "forged_message"), whatever the forged result says; the worker's own result, with the key, stands."""
-    limits = {"startup": 30.0, "run": 30.0}
+    limits = {"startup": 30.0, "reference": 30.0, "run": 30.0}
 
     def reply(send) -> dict:
         worker, box = _ScriptedWorker(), {}
@@ -837,10 +837,18 @@ def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
     for send in (lambda conn, job: conn.send(("result", ok)),                 # no key
                  lambda conn, job: conn.send(("result", ok, "0" * 32)),       # a guessed key
                  lambda conn, job: conn.send_bytes(b"\x80\x04not a pickle"),  # bytes that are no message
-                 lambda conn, job: conn.send("result")):                      # not a message tuple
+                 lambda conn, job: conn.send("result"),                       # not a message tuple
+                 # a phase entered again (its clock would restart: a candidate that sent it in a loop never timed
+                 # out), or one the harness does not have
+                 lambda conn, job: (conn.send(("phase", "run")), conn.send(("phase", "run"))),
+                 lambda conn, job: (conn.send(("phase", "run")), conn.send(("phase", "compile"))),
+                 lambda conn, job: conn.send(("phase", "forever"))):
         r = reply(lambda conn, job, send=send: (keys.add(job["key"]), send(conn, job)))
         assert r["error_kind"] == "reward_hack" and r["details"]["check"] == "forged_message", r
-    assert len(keys) == 4 and all(len(k) == 32 for k in keys)   # (a fresh key per job)
+    assert len(keys) == 7 and all(len(k) == 32 for k in keys)   # (a fresh key per job)
+    # the worker's own phases, forward (some skipped), then its result with the key: the verdict stands
+    assert reply(lambda conn, job: [conn.send(m) for m in (
+        ("phase", "reference"), ("phase", "run"), ("result", ok, job["key"]))])["error_kind"] == "ok"
     assert reply(lambda conn, job: conn.send(("result", ok, job["key"])))["error_kind"] == "ok"
 
 
