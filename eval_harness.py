@@ -59,8 +59,9 @@ What the process isolation protects, and what it does not
      bandwidth timed again eagerly, then reward_hack ("below_bandwidth_floor"; harness_timing)
   19 (ours) a verdict forged on the worker's pipe to the harness (os.write of a framed ("result", ok) message to
      its descriptor, before the real one): static check of raw descriptor I/O ("file_descriptors"), and run_job
-     takes a result only with the key it sent with the job, and phases only forward (one sent again would restart
-     its clock: a loop of them never timed out) ("forged_message")
+     takes a result only with the key it sent with the job, phases only forward (one sent again would restart its
+     clock: a loop of them never timed out), and every other message only in the shape the worker sends it
+     ("forged_message", harness_processes.forged)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's

@@ -478,10 +478,33 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
 # Running one job (parent side): phases, time limits, GPU turns, memory
 
 FORGED = ("the worker's pipe carried a message the harness did not send (a result without the job's key, a phase "
-          "entered again, or bytes that are no message): the candidate wrote to the harness's pipe")
+          "entered again, a request of no known shape, or bytes that are no message): the candidate wrote to the "
+          "harness's pipe")
 
 
 PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
+MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "pack": 1, "result": 2}   # (their sizes)
+
+
+def forged(message, key: str, phase: str) -> bool:
+    """Whether a message on a worker's pipe is one the harness's worker never sends. The candidate runs in the worker
+    and can write to the pipe (os.write on its descriptor), so each kind of message is held to its shape: a result
+    carries the job's key, phases only move forward (one entered again would restart its clock, and a loop of them
+    would never time out), a request names a GPU turn or byte counts the harness knows how to grant."""
+    if not isinstance(message, tuple) or not message or message[0] not in MESSAGES:
+        return True
+    kind, args = message[0], message[1:]
+    if len(args) != MESSAGES[kind]:
+        return True
+    if kind == "result":
+        return not isinstance(args[0], dict) or args[1] != key
+    if kind == "phase":
+        return args[0] not in PHASES or PHASES.index(args[0]) <= PHASES.index(phase)
+    if kind == "gpu":
+        return args[0] not in ("shared", "exclusive", "none")
+    if kind == "mem":
+        return not all(type(n) is int and n >= 0 for n in args)
+    return kind == "jit" and not isinstance(args[0], bool)
 
 
 def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
@@ -557,12 +580,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                     raise
                 except Exception:   # (bytes that unpickle to no message: not the harness's either)
                     message = None
-                # (phases only go forward, in PHASES' order: a phase entered again would restart its clock, so a
-                # candidate that sent one over and over would never time out)
-                if not isinstance(message, tuple) or not message or (message[0] == "result" and (
-                        len(message) != 3 or message[2] != key or not isinstance(message[1], dict))) or (
-                        message[0] == "phase" and (len(message) != 2 or message[1] not in PHASES
-                                                   or PHASES.index(message[1]) <= PHASES.index(phase))):
+                if forged(message, key, phase):
                     return finish({"error_kind": "reward_hack", "error": FORGED, "compiled": phase == "run",
                                    "details": {"check": "forged_message", "phase": phase}})
                 offer = message[0] in ("gpu", "timer?", "result")   # (a chance to give the turn up, or the end)

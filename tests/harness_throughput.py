@@ -842,14 +842,34 @@ def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
                  # out), or one the harness does not have
                  lambda conn, job: (conn.send(("phase", "run")), conn.send(("phase", "run"))),
                  lambda conn, job: (conn.send(("phase", "run")), conn.send(("phase", "compile"))),
-                 lambda conn, job: conn.send(("phase", "forever"))):
+                 lambda conn, job: conn.send(("phase", "forever")),
+                 # requests of no known shape (before the check they crashed run_job: a harness error, not a verdict)
+                 lambda conn, job: conn.send(("gpu", "everything")),
+                 lambda conn, job: conn.send(("mem", -1, 0)),
+                 lambda conn, job: conn.send(("hello",))):
         r = reply(lambda conn, job, send=send: (keys.add(job["key"]), send(conn, job)))
         assert r["error_kind"] == "reward_hack" and r["details"]["check"] == "forged_message", r
-    assert len(keys) == 7 and all(len(k) == 32 for k in keys)   # (a fresh key per job)
+    assert len(keys) == 10 and all(len(k) == 32 for k in keys)   # (a fresh key per job)
     # the worker's own phases, forward (some skipped), then its result with the key: the verdict stands
     assert reply(lambda conn, job: [conn.send(m) for m in (
         ("phase", "reference"), ("phase", "run"), ("result", ok, job["key"]))])["error_kind"] == "ok"
     assert reply(lambda conn, job: conn.send(("result", ok, job["key"])))["error_kind"] == "ok"
+
+
+def test_harness_forged_knows_every_message_the_worker_sends():
+    """hp.forged passes the worker's own messages, each in the shape it sends them (a check that rejected one would
+    make honest candidates reward hacks), and rejects each kind in another shape."""
+    key = "k" * 32
+    honest = [("ready", 123), ("phase", "reference"), ("gpu", "shared"), ("gpu", "exclusive"), ("gpu", "none"),
+              ("mem", 2**30, 0), ("jit", True), ("jit", False), ("timer?",), ("pack", {"tensors": []}),
+              ("result", {"error_kind": "ok"}, key)]
+    assert [m for m in honest if hp.forged(m, key, "startup")] == []
+    assert set(hp.MESSAGES) == {m[0] for m in honest}   # (a new kind of message gets its case here)
+    bad = [("ready",), ("phase", "startup"), ("phase", "reference", 1), ("gpu", "all"), ("mem", 1.0, 0),
+           ("mem", 1, -1), ("mem", True, 0), ("jit", 1), ("timer?", 1), ("pack",), ("result", {}, "x" * 32),
+           ("result", [], key), ("nothing",), (), ["ready", 1], "result"]
+    assert [m for m in bad if not hp.forged(m, key, "startup")] == []
+    assert hp.forged(("phase", "run"), key, "run") and not hp.forged(("phase", "run"), key, "compile")
 
 
 def test_harness_exclusive_turn_time_is_reported():
