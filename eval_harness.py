@@ -62,6 +62,9 @@ What the process isolation protects, and what it does not
      takes a result only with the key it sent with the job, phases only forward (one sent again would restart its
      clock: a loop of them never timed out), and every other message only in the shape the worker sends it
      ("forged_message", harness_processes.forged)
+  20 (ours) the harness's sources rewritten on disk (the next Evaluator's workers import them: a comparison that
+     always passes): static check of files opened to write, pathlib's writers, os.remove/rename/replace..., shutil
+     ("writes_files")
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's

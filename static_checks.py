@@ -46,6 +46,8 @@ BANNED_IMPORTS = {  # module root -> check name
     # rejects a result without the job's key)
     "socket": "file_descriptors", "mmap": "file_descriptors", "fcntl": "file_descriptors", "pty": "file_descriptors",
     "_io": "file_descriptors",
+    # files changed on disk: the harness's own sources (every later worker imports them), the Triton cache
+    "shutil": "writes_files",
 }
 BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     "os.fork": "processes", "os.forkpty": "processes", "os.system": "processes", "os.popen": "processes",
@@ -53,6 +55,9 @@ BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     **{f"os.{name}": "file_descriptors" for name in ("write", "writev", "pwrite", "pwritev", "sendfile", "dup", "dup2",
                                                        "fdopen", "open", "pipe", "pipe2", "openpty", "splice")},
     "io.FileIO": "file_descriptors", "io.open": "file_descriptors",
+    **{f"os.{name}": "writes_files" for name in ("remove", "unlink", "rename", "renames", "replace", "rmdir",
+                                                   "removedirs", "truncate", "ftruncate", "chmod", "chown", "symlink",
+                                                   "link", "utime", "mkfifo", "mknod")},
     "gc.get_objects": "introspection", "gc.get_referrers": "introspection", "gc.get_referents": "introspection",
     "sys._getframe": "introspection", "sys._current_frames": "introspection", "sys.settrace": "introspection",
     "sys.setprofile": "introspection", "sys.modules": "sys_modules",
@@ -77,6 +82,9 @@ BANNED_ATTRS = {  # attribute names, whatever object they hang off
     "cr_frame": "introspection", "ag_frame": "introspection",
     # attribute reads by another name: object.__getattribute__(f, name), operator.attrgetter(name)(f)
     "__getattribute__": "introspection", "attrgetter": "introspection", "methodcaller": "introspection",
+    # pathlib's writers (a path's .open is the builtin open's rule: below)
+    **{name: "writes_files" for name in ("write_text", "write_bytes", "touch", "unlink", "symlink_to", "hardlink_to",
+                                         "chmod", "lchmod", "rmdir")},
 }
 # the last part of every introspection rule's name: as a string constant (an attrgetter's, a getattr's), a hit too
 INTROSPECTION_WORDS = ({attr for attr, check in BANNED_ATTRS.items() if check == "introspection"}
@@ -168,6 +176,17 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
             if not (isinstance(path, ast.Constant) and isinstance(path.value, str)) or \
                     path.value.startswith(("/proc", "/dev")):
                 return "file_descriptors", f"opens {ast.unparse(path)}"
+        # a file opened to write: the harness's sources on disk (the next Evaluator's workers import them), its
+        # caches. open(path, mode) takes the mode second; pathlib's p.open(mode) first, gzip.open(path, mode) second
+        if isinstance(node, ast.Call) and (isinstance(node.func, ast.Name) and node.func.id == "open"
+                                           or isinstance(node.func, ast.Attribute) and node.func.attr == "open"):
+            modes = [kw.value for kw in node.keywords if kw.arg == "mode"]
+            modes += node.args[1:2] if isinstance(node.func, ast.Name) else [
+                a for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                and len(a.value) <= 3 and set(a.value) <= set("rwabxt+")]
+            if any(not (isinstance(m, ast.Constant) and isinstance(m.value, str)) or set(m.value) & set("wax+")
+                   for m in modes):
+                return "writes_files", f"opens a file to write: {ast.unparse(node)[:80]}"
         if isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
             return BANNED_ATTRS[node.attr], f"uses .{node.attr}"
         # __builtins__ holds __import__, exec and getattr by other names; globals() holds __builtins__
