@@ -194,6 +194,8 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
             return "introspection", f"uses {node.id}"
         if isinstance(node, ast.Name) and node.id in NAME_READERS and id(node) not in called:
             return "introspection", f"uses {node.id} as a value"
+        if isinstance(node, ast.Name) and node.id == "open" and id(node) not in called:   # (`o = open` is past the
+            return "writes_files", "uses open as a value"                                    # two rules on open)
         if isinstance(node, ast.Constant) and node.value in INTROSPECTION_WORDS:
             return "introspection", f"names {node.value!r}"
         if isinstance(node, ast.Attribute) and node.attr == "__dict__" and \

@@ -443,7 +443,9 @@ pid = _os.fork()
 if pid == 0:
     time.sleep(600)
     os._exit(0)
-open({pidfile!r}, "w").write(str(pid))
+fd = _os.open({pidfile!r}, _os.O_WRONLY | _os.O_CREAT)   # (the alias again: past the file rules too)
+_os.write(fd, str(pid).encode())
+_os.close(fd)
 while True:
     pass
 ''', extra="import os, time\n")
