@@ -64,7 +64,8 @@ What the process isolation protects, and what it does not
      ("forged_message", harness_processes.forged)
   20 (ours) the harness's sources rewritten on disk (the next Evaluator's workers import them: a comparison that
      always passes): static check of files opened to write, pathlib's writers, os.remove/rename/replace..., shutil
-     ("writes_files")
+     ("writes_files"); in a CUDA candidate's C/C++ sources, file, descriptor and process calls (fopen, fstream,
+     write, dup2, system...: static_checks.native_check)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's

@@ -152,9 +152,39 @@ def banned_name(name: str | None) -> tuple[str, str] | None:
     return None
 
 
+# C/C++ calls in a CUDA candidate's sources (its string constants) that reach files, descriptors and processes: the
+# compiled extension runs in the worker, next to the harness's pipe and with its sources on disk, and the rules
+# above read only Python. (Defence in depth: a source built from pieces at run time is not seen.)
+NATIVE_CALLS = [(re.compile(r"\b(fopen|freopen|creat|openat|unlink|unlinkat|rename|renameat|truncate|ftruncate|"
+                            r"chmod|symlink|mkstemp)\s*\(|\b(std::)?(o|i)?fstream\b|std::filesystem|<filesystem>"),
+                 "writes_files"),
+                (re.compile(r"(?<![\w.>])(open|write|pwrite|writev|dup|dup2|dup3|sendfile|syscall|mmap|ioctl)\s*\("),
+                 "file_descriptors"),
+                (re.compile(r"\b(system|popen|fork|vfork|execv|execve|execvp|execl|execlp|posix_spawn|dlopen)\s*\("),
+                 "processes")]
+
+
+def native_check(tree: ast.AST) -> tuple[str, str] | None:
+    """(check, what) for a C/C++ call of NATIVE_CALLS in a candidate that carries C/C++ sources (a string constant
+    with #include or __global__; then all of its string constants are read, as load_inline may join them)."""
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    if not any("#include" in text or "__global__" in text for text in strings):
+        return None
+    strings = [re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S) for text in strings]   # (not comments)
+    for pattern, check in NATIVE_CALLS:
+        for text in strings:
+            hit = pattern.search(text)
+            if hit:
+                return check, f"its C/C++ source calls {hit.group(0).strip()}"
+    return None
+
+
 def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
     """(check, message) for the first banned construct, else None. Rules in BANNED_* above."""
     called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    hit = native_check(tree)
+    if hit:
+        return hit
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]

@@ -127,6 +127,14 @@ def test_harness_static_check_sources():
     hit = check(cuda.format(body="auto s = at::cuda::getStreamFromPool();"))
     assert hit.error_kind == "reward_hack" and hit.details["check"] == "side_stream"
     assert check(cuda.replace("__global__", "")).error_kind == "format"
+    # the extension's C/C++ runs in the worker too: files, the pipe's descriptors, processes (a comment or a member
+    # function of that name is no such call)
+    for body, name in [('FILE* f = fopen("harness_compare.py", "a");', "writes_files"),
+                       ("std::ofstream f; f.close();", "writes_files"), ("write(3, x, 8);", "file_descriptors"),
+                       ("::dup2(4, 3);", "file_descriptors"), ('system("true");', "processes")]:
+        hit = check(cuda.format(body=body))
+        assert hit.error_kind == "reward_hack" and hit.details["check"] == name, (body, hit)
+    assert check(cuda.format(body="/* a coordinate system (x, y); write(fd) */ out.write(1); p->open(2);")) is None
     for line, name in [("import ctypes", "ctypes"), ("import subprocess", "processes"), ("import os\nos.fork()", "processes"),
                        ("import gc\ngc.get_objects()", "introspection"), ("import inspect", "introspection"),
                        ("import gc\nf = getattr(gc, 'get_' + 'objects')", "introspection"),
