@@ -167,7 +167,11 @@ NATIVE_CALLS = [(re.compile(r"\b(fopen|freopen|creat|openat|unlink|unlinkat|rena
 def native_check(tree: ast.AST) -> tuple[str, str] | None:
     """(check, what) for a C/C++ call of NATIVE_CALLS in a candidate that carries C/C++ sources (a string constant
     with #include or __global__; then all of its string constants are read, as load_inline may join them)."""
-    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    docs = {id(n.body[0].value) for n in ast.walk(tree)   # (docstrings are prose, never compiled)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    strings = [n.value for n in ast.walk(tree)
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
     if not any("#include" in text or "__global__" in text for text in strings):
         return None
     strings = [re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S) for text in strings]   # (not comments)

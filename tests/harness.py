@@ -135,6 +135,7 @@ def test_harness_static_check_sources():
         hit = check(cuda.format(body=body))
         assert hit.error_kind == "reward_hack" and hit.details["check"] == name, (body, hit)
     assert check(cuda.format(body="/* a coordinate system (x, y); write(fd) */ out.write(1); p->open(2);")) is None
+    assert check('"""Tiles we open (load) and write (store) once."""\n' + cuda.format(body="")) is None   # prose
     for line, name in [("import ctypes", "ctypes"), ("import subprocess", "processes"), ("import os\nos.fork()", "processes"),
                        ("import gc\ngc.get_objects()", "introspection"), ("import inspect", "introspection"),
                        ("import gc\nf = getattr(gc, 'get_' + 'objects')", "introspection"),
