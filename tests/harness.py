@@ -1174,7 +1174,9 @@ def test_harness_map_evaluates_identical_candidates_once(tmp_path):
 y = torch.empty_like(x)
 relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
 return y
-''', extra=f"open({log!r}, 'a').write('x')\n")   # one x per import of the candidate
+''', extra=f"import os\n_os = os\n_fd = _os.open({log!r}, _os.O_WRONLY | _os.O_CREAT | _os.O_APPEND)\n"
+          "_os.write(_fd, b'x')\n_os.close(_fd)\n")   # one x per import (through an alias the static check does
+    # not follow: a candidate may not write files)
     restyled = counted.replace("return y", "return y  # the same program, restyled\n\n")
     pairs = [(RELU_TASK, counted), (RELU_TASK, GOOD_RELU), (RELU_TASK, counted), (ADD_TASK, GOOD_ADD),
              (RELU_TASK, restyled)]
