@@ -46,7 +46,7 @@ BANNED_IMPORTS = {  # module root -> check name
     # rejects a result without the job's key)
     "socket": "file_descriptors", "mmap": "file_descriptors", "fcntl": "file_descriptors", "pty": "file_descriptors",
     "_io": "file_descriptors",
-    # files changed on disk: the harness's own sources (every later worker imports them), the Triton cache
+    # files changed on disk: the harness's own sources (the next Evaluator's workers import them), its caches
     "shutil": "writes_files",
 }
 BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
@@ -205,17 +205,17 @@ def static_check(tree: ast.AST, aliases: dict) -> tuple[str, str] | None:
             hit = banned_name(dotted(node, aliases))
             if hit:
                 return hit[0], f"uses {hit[1]}"
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open" and node.args:
-            path = node.args[0]   # open(fd) or a computed path may be the harness's pipe (/proc/self/fd/N)
-            if not (isinstance(path, ast.Constant) and isinstance(path.value, str)) or \
-                    path.value.startswith(("/proc", "/dev")):
-                return "file_descriptors", f"opens {ast.unparse(path)}"
-        # a file opened to write: the harness's sources on disk (the next Evaluator's workers import them), its
+        # open() and x.open(): open(fd) or a computed path may be the harness's pipe (/proc/self/fd/N); a file
+        # opened to write may be the harness's sources on disk (the next Evaluator's workers import them) or its
         # caches. open(path, mode) takes the mode second; pathlib's p.open(mode) first, gzip.open(path, mode) second
-        if isinstance(node, ast.Call) and (isinstance(node.func, ast.Name) and node.func.id == "open"
-                                           or isinstance(node.func, ast.Attribute) and node.func.attr == "open"):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "open":
+            builtin = isinstance(node.func, ast.Name)
+            path = node.args[0] if builtin and node.args else None
+            if path is not None and (not (isinstance(path, ast.Constant) and isinstance(path.value, str))
+                                     or path.value.startswith(("/proc", "/dev"))):
+                return "file_descriptors", f"opens {ast.unparse(path)}"
             modes = [kw.value for kw in node.keywords if kw.arg == "mode"]
-            modes += node.args[1:2] if isinstance(node.func, ast.Name) else [
+            modes += node.args[1:2] if builtin else [
                 a for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)
                 and len(a.value) <= 3 and set(a.value) <= set("rwabxt+")]
             if any(not (isinstance(m, ast.Constant) and isinstance(m.value, str)) or set(m.value) & set("wax+")

@@ -302,7 +302,6 @@ def stored_output_copier(route: str) -> str:
     return _harness_relu(STORED_OUTPUT_COPY, kernel=COPY_KERNEL.format(**reads[route]))
 
 
-# (name, task, candidate, expected error_kind, expected details["check"] or None). Each row is a test below.
 # Writes a pickled ("result", ok with speedup 50) message, framed as multiprocessing does, to every file descriptor:
 # one of them is the worker's pipe to the harness; its own kernel writes zeros
 FORGED_VERDICT = _harness_relu('''
@@ -324,6 +323,7 @@ def zero_kernel(y_ptr, n, BLOCK: tl.constexpr):
 ''')
 
 
+# (name, task, candidate, expected error_kind, expected details["check"] or None). Each row is a test below.
 CASES = {
     "good_relu": (RELU_TASK, GOOD_RELU, "ok", None),
     "good_add": (ADD_TASK, GOOD_ADD, "ok", None),
