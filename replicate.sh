@@ -135,7 +135,7 @@ run() {   # run NAME FIRST_GPU FLAGS...
   [ -e "$OUT/$name/latest" ] && resume="--resume"
   # (what is left of MINUTES; a little at least: a run out of time still stops cleanly, with a checkpoint)
   [ "$MINUTES" != 0 ] && limit="--time-limit $(python -c "print(max($MINUTES - $((SECONDS - t0)) / 60, 0.001))")"
-  kz "$first" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --eval-last $common $from $seed "$@" $resume $limit \
+  kz "$first" --rounds "$ROUNDS" --eval-every "$EVAL_EVERY" --eval-last "$@" $common $from $seed $resume $limit \
     --run-dir "$OUT/$name" >> "$OUT/$name.log" 2>&1
 }
 rounds_done() {   # rounds_done NAME: the round its checkpoint holds
@@ -143,11 +143,26 @@ rounds_done() {   # rounds_done NAME: the round its checkpoint holds
   echo $((10#${latest#ckpt_}))
 }
 log "runs: main, correctness, uniform ($ROUNDS rounds each)"
-thirds=""   # (on one GPU the three runs share it, and its harness workers)
-[ "$GPUS" = 1 ] && thirds="--gpu-workers $(((WORKERS + 2) / 3))"
-run main 0 $thirds & run correctness "$GPUS" $thirds --coder-reward correctness &
-run uniform $((2 * GPUS)) $thirds --proposer-mode uniform &
-wait
+# On one GPU the three runs share it and its harness workers. Each run's update alone peaks at ~38 GB for the 0.5B
+# (micro-batches of 8 sequences of ~2k tokens, activations kept for backward), and three such peaks ran an 80 GB
+# H100 out of memory; gradient checkpointing and micro-batches of 2 cut the peak, not the maths (the update is
+# well under a second of a round either way). Flags in EXTRA come later and win.
+thirds=""
+[ "$GPUS" = 1 ] && thirds="--gpu-workers $(((WORKERS + 2) / 3)) --gradient-checkpointing --micro-batch 2"
+run main 0 $thirds & main_pid=$!
+run correctness "$GPUS" $thirds --coder-reward correctness & correctness_pid=$!
+run uniform $((2 * GPUS)) $thirds --proposer-mode uniform & uniform_pid=$!
+failed=""
+for name in main correctness uniform; do   # (a run that died is named, not taken for one stopped by the time limit)
+  pid=${name}_pid status=0
+  wait "${!pid}" || status=$?
+  if [ "$status" != 0 ]; then
+    failed="$failed $name"
+    log "run $name failed (exit $status); the end of $OUT/$name.log:"
+    tail -5 "$OUT/$name.log" | tee -a "$OUT/stages.log"
+  fi
+done
+[ -z "$failed" ] || exit 1
 for name in main correctness uniform; do
   if [ "$(rounds_done $name)" -lt "$ROUNDS" ]; then
     log "stopped at the time limit: main $(rounds_done main), correctness $(rounds_done correctness), uniform" \

@@ -256,3 +256,13 @@ def test_replication_script_one_start_probes_its_pool_beside_its_eval(tmp_path):
     for run in ("main", "correctness", "uniform"):
         config = json.load(open(out / run / "config.json"))
         assert config["seed_from"] == f"{out}/seed/seed_pool.json" and config["gpu_workers"] == 3, (run, config)
+        # three updates side by side on one GPU: the memory flags, which EXTRA's come after (and so override)
+        assert config["gradient_checkpointing"] and config["micro_batch"] == 2, (run, config)
+    # a run that dies is reported as failed with the end of its log, and the script fails: not "stopped at the time
+    # limit", which is what it said when three runs ran out of GPU memory (ROUNDS=-1: each run's config is refused)
+    done = subprocess.run(["bash", os.path.join(here, "replicate.sh")], env=dict(env, ROUNDS="-1"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    for run in ("main", "correctness", "uniform"):
+        assert f"run {run} failed (exit 2); the end of {out}/{run}.log:" in done.stdout, done.stdout[-2000:]
+    assert "--rounds" in (out / "stages.log").read_text() and "stopped at the time limit" not in done.stdout
