@@ -370,6 +370,18 @@ def _job_evaluate(job: dict, conn: Connection) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 # Stage 1: the reference's trials (inputs and outputs), made before the candidate exists
 
+def _meta_inputs(mod) -> list | None:
+    """get_inputs() on the meta device: tensors with shapes and dtypes but no data (nothing is drawn or stored), or
+    None where it cannot run there (it calls .cuda() or names a device)."""
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            inputs = list(mod.get_inputs())
+        except Exception:
+            return None
+    return inputs if all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)) else None
+
+
 def _trial_bytes_on_meta(ref, opts: dict) -> tuple[int | None, int | None]:
     """Bytes of one trial's (inputs, outputs), from get_inputs() and the reference's forward run on the meta device
     (shapes and dtypes only: no data is made, nothing is computed). Inputs None if get_inputs() cannot run there (it
@@ -380,14 +392,11 @@ def _trial_bytes_on_meta(ref, opts: dict) -> tuple[int | None, int | None]:
 
     def nbytes(xs) -> int:
         return sum(x.numel() * (size if size and x.is_floating_point() else x.element_size()) for x in xs)
+    inputs = _meta_inputs(ref)
+    if inputs is None:
+        return None, None
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            inputs = list(ref.get_inputs())
-            if not all(x.is_meta for x in inputs if isinstance(x, torch.Tensor)):
-                return None, None
-        except Exception:
-            return None, None
         try:
             with torch.no_grad():
                 outputs = _tensors(ref.Model(*ref.get_init_inputs())(*inputs))
@@ -925,7 +934,7 @@ def _job_lint(job: dict, conn: Connection) -> dict:
     gpu_turn(conn, "shared")
     device, opts = torch.device(job["device"]), job["opts"]
     report = {"ok": False, "problems": [], "eager_ms": None, "input_mb": None}
-    problems = report["problems"]
+    problems, limit_mb = report["problems"], opts.get("max_input_mb", 512)
     try:
         mod = _load_module(job["src"], "kz_task")
         missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
@@ -934,14 +943,20 @@ def _job_lint(job: dict, conn: Connection) -> dict:
             return report
         torch.manual_seed(0)
         model = mod.Model(*mod.get_init_inputs()).to(device)
-        torch.manual_seed(1)
-        inputs = list(mod.get_inputs())
+        # Inputs over the limit make the module invalid whatever else it does. Where get_inputs() runs on the meta
+        # device their size comes from shapes alone, and such a module is neither drawn nor run: drawing gigabytes
+        # on the host and running them three times is time that the whole round's lint waits for
+        meta = _meta_inputs(mod)
+        if meta is None or _nbytes(meta) <= limit_mb * 2**20:
+            torch.manual_seed(1)
+            inputs = list(mod.get_inputs())
     except BaseException as e:
         problems.append("does not load: " + _format_exception(e))
         return report
-    report["input_mb"] = _nbytes(inputs) / 2**20
-    if report["input_mb"] > opts.get("max_input_mb", 512):
-        problems.append(f"inputs take {report['input_mb']:.0f} MB (limit {opts.get('max_input_mb', 512)} MB)")
+    report["input_mb"] = _nbytes(inputs if meta is None else meta) / 2**20
+    if report["input_mb"] > limit_mb:
+        problems.append(f"inputs take {report['input_mb']:.0f} MB (limit {limit_mb} MB)")
+        return report
     try:
         pristine = _to_device(inputs, device)
         times, outs = [], []

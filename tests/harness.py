@@ -526,6 +526,20 @@ def test_harness_lint_good_and_degenerate_tasks():
     assert has("missing", "missing Model")
 
 
+def test_harness_lint_neither_draws_nor_runs_a_module_over_the_input_limit():
+    """Inputs over max_input_mb make a module invalid whatever else it does: their size is read on the meta device
+    (8 GB here, never drawn) and the module is not run (its forward would raise, a second problem). Where
+    get_inputs() names a device it cannot run on meta: the inputs are drawn, measured, and still not run."""
+    never_run = RELU_TASK.replace("return torch.relu(x)", "raise RuntimeError('the forward ran')")
+    huge = eh.lint_task(never_run.replace("N = 4096", "N = 2 ** 31"), device="cpu")
+    assert huge["problems"] == ["inputs take 8192 MB (limit 512 MB)"] and huge["input_mb"] == 8192, huge
+    named = eh.lint_task(never_run.replace("torch.randn(N)", "torch.randn(N, device='cpu')"), device="cpu",
+                         max_input_mb=0.01)
+    assert named["problems"] == ["inputs take 0 MB (limit 0.01 MB)"] and named["input_mb"] == 4096 * 4 / 2**20, named
+    ran = eh.lint_task(never_run, device="cpu")   # (under the limit the forward runs: the probe above is real)
+    assert any("the forward ran" in p for p in ran["problems"]), ran
+
+
 def test_harness_evaluator_lint_reuses_its_workers(monkeypatch):
     """Evaluator.lint gives lint_tasks' reports on the Evaluator's own started workers: no new pool is booted."""
     srcs = [RELU_TASK, RELU_TASK.replace("torch.randn(N)", "torch.rand(N)"), "x = 1\n"]
