@@ -662,9 +662,9 @@ def _lint_report(run) -> dict:
 def lint_tasks(srcs: list[str], device: str = "cpu", workers: int | None = None, **opts) -> list[dict]:
     """Task quality rules for each source: loads, inputs <= 512 MB (else it is not run: the only problem named),
     runs, deterministic, not degenerate (zeros, constant, identity, input mean must fail the tolerance), eager
-    >= 50 us on a GPU / <= 5 s on the CPU. Each task
-    runs in its own worker process, `workers` at a time (default: the cores on the CPU, 4 on a GPU, where the eager
-    timing takes the GPU alone through a Gate). Returns [{"ok", "problems", "eager_ms", "input_mb", ...}]."""
+    >= 50 us on a GPU / <= 5 s on the CPU. Each task runs in its own worker process, `workers` at a time (default:
+    the cores on the CPU, 4 on a GPU, where the eager timing takes the GPU alone through a Gate). Returns [{"ok",
+    "problems", "eager_ms", "input_mb", ...}]."""
     if device == "cuda" and not torch.cuda.is_available():
         return [{"ok": False, "problems": ["CUDA is not available"], "eager_ms": None, "input_mb": None}
                 for _ in srcs]

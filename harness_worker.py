@@ -947,13 +947,14 @@ def _job_lint(job: dict, conn: Connection) -> dict:
         # device their size comes from shapes alone, and such a module is neither drawn nor run: drawing gigabytes
         # on the host and running them three times is time that the whole round's lint waits for
         meta = _meta_inputs(mod)
-        if meta is None or _nbytes(meta) <= limit_mb * 2**20:
+        report["input_mb"] = None if meta is None else _nbytes(meta) / 2**20
+        if report["input_mb"] is None or report["input_mb"] <= limit_mb:
             torch.manual_seed(1)
             inputs = list(mod.get_inputs())
+            report["input_mb"] = _nbytes(inputs) / 2**20
     except BaseException as e:
         problems.append("does not load: " + _format_exception(e))
         return report
-    report["input_mb"] = _nbytes(inputs if meta is None else meta) / 2**20
     if report["input_mb"] > limit_mb:
         problems.append(f"inputs take {report['input_mb']:.0f} MB (limit {limit_mb} MB)")
         return report

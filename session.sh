@@ -31,13 +31,14 @@ if [ -n "$problem" ]; then
   python -c "import models, sys; sys.exit(sys.argv[1] not in models.NAMED_MODELS)" "$MODEL"
   $(python -c "import models, sys; print(models.install_command(sys.argv[1]))" "$MODEL")
 fi
-status=0
+status=0 replicate=""
+[ "${1:-}" = replicate ] && replicate=1
 if [ -f "$STATE" ]; then
   mkdir -p "$(dirname "$RUN")"
   rm -rf "$RUN"   # (the packed state is the newer one: this folder was left by an earlier try on this machine)
   tar xzf "$STATE" -C "$(dirname "$RUN")"
 fi
-if [ "${1:-}" = replicate ]; then   # replicate.sh skips the stages whose results are in RUN and resumes the runs
+if [ -n "$replicate" ]; then   # replicate.sh skips the stages whose results are in RUN and resumes the runs
   OUT=$RUN MINUTES=$MINUTES MODEL=$MODEL bash replicate.sh || status=$?
   [ -f "$RUN/stages.log" ] || exit $((status ? status : 1))
 elif [ -f "$STATE" ]; then
@@ -46,11 +47,11 @@ else
   python kernelzero.py --run-dir "$RUN" --time-limit "$MINUTES" "$@" || status=$?
 fi
 # a run that failed mid-way still packs the rounds it checkpointed; one that wrote none leaves STATE as it was
-[ "${1:-}" = replicate ] || [ -f "$RUN/latest" ] || exit $((status ? status : 1))
+[ -n "$replicate" ] || [ -f "$RUN/latest" ] || exit $((status ? status : 1))
 mkdir -p "$(dirname "$STATE")"
 tar czf "$STATE.partial" -C "$(dirname "$RUN")" --exclude='*.safetensors' "$(basename "$RUN")"
 mv "$STATE.partial" "$STATE"
-if [ "${1:-}" = replicate ]; then
+if [ -n "$replicate" ]; then
   echo "state: $STATE ($(du -m "$STATE" | cut -f1) MB); $(tail -1 "$RUN/stages.log")"
 else
   echo "state: $STATE ($(du -m "$STATE" | cut -f1) MB); round $(python -c "import json, sys; print(max([json.loads(l)['round'] + 1 for l in open(sys.argv[1]) if l.strip()] or [0]))" "$RUN/metrics.jsonl") done"
