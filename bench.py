@@ -36,9 +36,8 @@ Sections:
       its context, runs one tiny op and exits: ms per child at each concurrency, the floor that no harness keeping
       the isolation gets under. Then N processes (`processes_syncing`) each launch a tiny kernel and synchronize,
       over and over, at once: the median latency of one launch + sync, i.e. what time-slicing the GPU between
-      processes adds to every host sync; before that, each launches the harness's own kernels twice (the first
-      time CUDA loads each one, as in every fresh worker). `processes_env` repeats both under other environments
-      (driver knobs such as CUDA_DEVICE_MAX_CONNECTIONS, the number of hardware queues each context gets).
+      processes adds to every host sync. `processes_env` repeats both under other environments (driver knobs such
+      as CUDA_DEVICE_MAX_CONNECTIONS, the number of hardware queues each context gets).
 Every generated candidate carries a per-run tag inside its kernel source, so no build cache (ours, torch's, Triton's)
 can serve a cold measurement from an earlier run.
 
@@ -140,8 +139,8 @@ class Config:
     #                                  candidates (a real mix of errors), where the files have some
     round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and the other harness_*.py
     #                                  files and static_checks.py it has, and cuda_ext/) to run on
-    #                                  the same batch in the same call; "" : the current harness with share_reference
-    #                                  off and the fixed timing budget stands in for it; "none": no baseline run
+    #                                  the same batch in the same call; "" : the current harness with host inputs
+    #                                  and the fixed timing budget stands in for it; "none": no baseline run
     round_baseline_first: bool = False  # (e) run the baseline before the variants (run a round both ways to see
     #                                  whether going first or second costs a harness time)
     round_timing: str = ""           # (e) options of the new harness, "key=value,..."; several variants, each run
@@ -960,8 +959,8 @@ def bench_round(cfg: Config, tag: str) -> None:
     elif cfg.round_baseline:
         runs["baseline"] = (_harness_module(cfg.round_baseline), {})
     else:
-        runs["baseline"] = (eval_harness, {"share_reference": False, "inputs_on_device": False,   # (host inputs:
-                                           **eval_harness.FIXED_TIMING})                       # the old harness)
+        runs["baseline"] = (eval_harness, {"inputs_on_device": False,   # (host inputs: the old harness)
+                                           **eval_harness.FIXED_TIMING})
     if cfg.round_baseline_first and "baseline" in runs:
         runs = {"baseline": runs.pop("baseline"), **runs}
     summary, rows = {"n": len(pairs), "labels": [p[2] for p in pairs]}, []
@@ -1098,27 +1097,18 @@ def process_lifecycles(device: str, children: int, at_once: int, results) -> Non
 
 
 def sync_latency(device: str, reps: int, ready, go, results) -> None:
-    """One process: a tiny kernel then a host sync, `reps` times once `go` is set; puts (the median ms of one, ms of
-    the harness's own kernels launched the first time in this process, ms of the same again). The first time
-    includes CUDA's lazy loading of each kernel (harness_worker._warm_up_harness_kernels, which the option
-    warm_harness_kernels moves into an idle worker): with other processes busy, what every fresh worker pays."""
-    import harness_worker
+    """One process: a tiny kernel then a host sync, `reps` times once `go` is set; puts the median ms of one."""
     x = torch.zeros(1024, device=device)
     _sync(device)
     ready.put(True)
     go.wait()
-    kernels_ms = []
-    for _ in range(2):
-        t = time.perf_counter()
-        harness_worker._warm_up_harness_kernels(device)
-        kernels_ms.append((time.perf_counter() - t) * 1e3)
     ms = []
     for _ in range(reps):
         t = time.perf_counter()
         x.add_(1)
         _sync(device)
         ms.append((time.perf_counter() - t) * 1e3)
-    results.put((statistics.median(ms), *kernels_ms))
+    results.put(statistics.median(ms))
 
 
 @contextlib.contextmanager
@@ -1166,17 +1156,14 @@ def bench_processes(cfg: Config, device: str = "cuda") -> None:
             for _ in procs:   # every process past its imports and context before any starts
                 ready.get()
             go.set()
-            ms, first, again = (sorted(column) for column in zip(*[results.get() for _ in procs]))
+            ms = sorted(results.get() for _ in procs)
             for proc in procs:
                 proc.join()
             record(cfg, "processes_sync", dict(device=device, env=env, processes=n, reps=cfg.processes_sync_reps,
-                                               median_ms=ms[len(ms) // 2], per_process_ms=ms,
-                                               harness_kernels_first_ms=first[len(first) // 2],
-                                               harness_kernels_again_ms=again[len(again) // 2]))
-            rows.append([n, ms[len(ms) // 2], first[len(first) // 2], again[len(again) // 2]])
-        table(f"(f) processes at once, each launching the harness's kernels twice, then a tiny kernel and a sync over "
-              f"and over (environment: {env})",
-              ["processes", "ms per launch + sync", "harness kernels, first (ms)", "again (ms)"], rows)
+                                               median_ms=ms[len(ms) // 2], per_process_ms=ms))
+            rows.append([n, ms[len(ms) // 2]])
+        table(f"(f) processes launching a tiny kernel and synchronizing at once (environment: {env})",
+              ["processes", "ms per launch + sync"], rows)
 
 
 def bench_harness(cfg: Config) -> None:

@@ -7,19 +7,17 @@ CUDA candidates on CPU workers in parallel, checking a few candidates at once on
 
 The harness's files, split where a reader would look
   eval_harness.py (this file) is the caller's side: results and options, extract_code, the static checks' verdicts
-  (their rules, parse only, are static_checks.py), the shared reference's bookkeeping, the public API (Evaluator,
-  evaluate, lint_tasks) and the CLI.
+  (their rules, parse only, are static_checks.py), the public API (Evaluator, evaluate, lint_tasks) and the CLI.
   harness_processes.py is how the caller's side runs work in processes: worker pools and their zygotes, the GPU gate
-  and memory admission, running one job under its time limits, the shared reference's sealed file.
+  and memory admission, running one job under its time limits.
   harness_worker.py is everything that runs inside a worker process: start-up (zygote, worker, warm-up), the five
   stages of a candidate's evaluation (reference trials, instrumentation and import, correctness, kernel coverage,
-  timing), the shared reference's worker side, and the compile and lint jobs. The stages' mechanisms are files of
-  their own: harness_compare.py (outputs, inputs, fingerprints), harness_instrumentation.py (op recorder, launch
-  counter, allocator poison, identity snapshot) and harness_timing.py (the timing rule). The worker side imports
-  this module (options, tolerances, _truncate, _format_exception) and harness_processes; neither imports it (only
-  the zygotes do, through harness_processes.BOOT), so there is no import cycle and the caller's process never loads
-  the worker's code. The pitfall checks below are implemented there unless they say "static check"
-  (static_checks.py).
+  timing), and the compile and lint jobs. The stages' mechanisms are files of their own: harness_compare.py
+  (outputs, inputs, fingerprints), harness_instrumentation.py (op recorder, launch counter, allocator poison,
+  identity snapshot) and harness_timing.py (the timing rule). The worker side imports this module (options,
+  tolerances, _truncate, _format_exception) and harness_processes; neither imports it (only the zygotes do, through
+  harness_processes.BOOT), so there is no import cycle and the caller's process never loads the worker's code. The
+  pitfall checks below are implemented there unless they say "static check" (static_checks.py).
 
 What the process isolation protects, and what it does not
   Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
@@ -110,9 +108,6 @@ inputs on the GPU, deduplication and timing in full)
     forked worker calls setsid() first, so the kill reaches its whole group; its zygote reaps it and reports its
     exit code (a segfault reads SIGSEGV). The zygote must never ask the CUDA driver anything (importing
     torch.utils.cpp_extension does): torch then refuses CUDA in every forked child.
-  - Shared reference work (share_reference, off: slower): the parent keeps a task's trials in an anonymous memory
-    file sealed against writes (memfd); each candidate's worker reads its own copy and closes it before the
-    candidate is imported, so nothing a candidate does reaches the next one's trials.
   - CUDA builds: load_inline is routed to cuda_ext.build.fast_load_inline: a build directory keyed by
     sha256(arguments + torch/CUDA versions) under $KZ_CACHE_DIR (default ~/.cache/kernelzero), so cache hits across
     runs and no lock fights between different candidates; a precompiled header; torch's plain build as fallback.
@@ -125,7 +120,6 @@ Run it
 from __future__ import annotations
 import argparse
 import ast
-import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -143,7 +137,7 @@ import torch
 
 import static_checks
 from harness_processes import (Gate, Memory, Pool, gpu_budget_bytes, gpu_lock_path, host_available_bytes,
-                               memory_need, run_job, sealed_file, worker_env)
+                               run_job, worker_env)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -183,9 +177,6 @@ DEFAULTS = dict(
     timing_floor=0.5,        # a candidate median below this fraction of the time its task's inputs take to read once
                              # at the GPU's peak memory bandwidth is not believed: timed again eagerly, and still below
                              # it is reward_hack (check "below_bandwidth_floor"). 0: no floor; at most 1
-    timing_headroom_us=0,    # GPU sleep enqueued after each rep's L2 flush, before the start event: a launch that
-                             # takes the host longer than the flush (a loaded machine, a Python launcher) then leaves
-                             # no idle GPU inside the timed window. 0: off (its effect is unmeasured)
     compile_baseline=False,  # also time torch.compile(reference) (details["compile_baseline_ms"])
     compile_timeout=None,    # import/build limit in s; None: 600 for CUDA (cold nvcc builds), 120 for Triton
     run_timeout=300.0,       # limit in s for the candidate's trials + timing
@@ -199,9 +190,6 @@ DEFAULTS = dict(
     inputs_on_device=True,   # on a GPU: get_inputs() runs under `with torch.device("cuda")` and the trial inputs
                              # stay there (ms instead of seconds of host randn + copies for a 256 MB task); False:
                              # made on the host (and the reference outputs kept there). No-op on the CPU
-    share_reference=False,   # a task's candidates in one map call share its trials (one reference job per task);
-                             # None: on a GPU only. Off by default: same verdicts and speedups, but slower on the
-                             # round batch (BENCHMARKS.md, "Harness throughput for RL rounds")
     dedupe=True,             # map(): a candidate identical to an earlier one of the same task (same reference, same
                              # syntax tree) gets a copy of its verdict (details["duplicate_of"]) instead of a run
     gpu_max_connections=1,   # CUDA_DEVICE_MAX_CONNECTIONS of the GPU workers: hardware queues per CUDA context
@@ -210,11 +198,6 @@ DEFAULTS = dict(
                              # per process, 8 at once, on an H200: bench.py harness --sections processes), which
                              # bounds a round. A worker's streams then share one queue (candidates may not make
                              # streams). None: the caller's environment as it is
-    warm_harness_kernels=False,  # an idle GPU worker launches the harness's own kernels once, on tiny tensors and
-                             # under the GPU's shared turn, before it takes a job: CUDA loads a kernel's code at its
-                             # first launch in a process and may synchronize the context to do so, which a fresh
-                             # process per candidate otherwise pays mid-trial while other workers share the GPU.
-                             # Needs the GPU's lock file (gpu_lock_path). Off until measured on the round batch
     host_memory_gb=None,     # admission budget for host memory; None: 70% of MemAvailable when the pools start
     gpu_memory_gb=None,      # admission budget per GPU; None: 85% of its memory less the workers' CUDA contexts,
                              # less what this process reserved
@@ -318,41 +301,6 @@ def _to_result(d: dict) -> KernelResult:
                    compile_s=d.get("compile_s"), details=d.get("details", {}))
 
 
-class _SharedReference:
-    """One task's reference work in a map call, shared by its `candidates`: made by the first of them that asks (a
-    "reference" job on a worker), kept in the parent (counted in the host memory budget) until the last is done.
-    The pack is None when the reference job failed: then every candidate makes its own, as without sharing, and
-    gets the same verdict it always got."""
-
-    def __init__(self, candidates: int):
-        self.lock, self.made, self.pack, self.left, self.held = threading.Lock(), False, None, candidates, 0
-
-    def get(self, run, job: dict, evaluator) -> dict | None:
-        """{"meta": the pack's description, "fd": its sealed file, "extents": where each tensor is in it}."""
-        with self.lock:
-            if not self.made:
-                self.made = True
-                reply = run(dict(job, kind="reference"))
-                if isinstance(reply, dict) and reply.get("error_kind") == "ok" and "pack" in reply:
-                    fd, extents = sealed_file(reply["pack"]["buffers"])
-                    self.pack, self.held = {"meta": reply["pack"]["meta"], "fd": fd, "extents": extents}, \
-                        reply["pack"]["meta"]["nbytes"]
-                    if evaluator.memory is not None:
-                        evaluator.memory.hold(self.held)
-            return self.pack
-
-    def done(self, memory) -> None:
-        with self.lock:
-            self.left -= 1
-            if self.left == 0:
-                if self.pack is not None:
-                    os.close(self.pack["fd"])
-                self.pack = None
-                if memory is not None and self.held:
-                    memory.unhold(self.held)
-                self.held = 0
-
-
 def _same_code_key(src: str | None) -> str | None:
     """What makes two candidates the same program: their syntax trees (comments, blank lines and spacing do not
     count; string constants, CUDA sources among them, and docstrings do). A source that does not parse is its text."""
@@ -367,12 +315,11 @@ def _same_code_key(src: str | None) -> str | None:
 class Evaluator:
     """Evaluates many (ref_src, cand_src) pairs. CUDA on a GPU: builds on `cpu_workers` processes in parallel, then a
     fresh process per candidate on a GPU (a cache hit there). Up to `gpu_workers` candidates share a GPU while they
-    check correctness (at most `gpu_checkers` of them holding it at once), but each times alone (Gate): fair timing,
-    and process start-up, reference inputs, Triton JIT and profiling of one candidate overlap with the others'. On
-    the CPU: `cpu_workers` candidates at once."""
+    check correctness, but each times alone (Gate): fair timing, and process start-up, reference inputs, Triton JIT
+    and profiling of one candidate overlap with the others'. On the CPU: `cpu_workers` candidates at once."""
 
     def __init__(self, backend="triton", device=None, cpu_workers=None, gpus=None, progress=True, gpu_workers=8,
-                 gpu_checkers=None, **opts):
+                 **opts):
         _check_options(opts)
         self.backend, self.device, self.progress = backend, device or _default_device(), progress
         self.opts = {**DEFAULTS, **opts}
@@ -384,12 +331,9 @@ class Evaluator:
             self.gpus = list(gpus) if gpus is not None else list(range(torch.cuda.device_count()))
         else:
             self.gpus = []
-        if gpu_workers < 1 or (gpu_checkers is not None and gpu_checkers < 1):
-            raise ValueError(f"gpu_workers and gpu_checkers must be >= 1, not {gpu_workers}, {gpu_checkers}")
-        # gpu_checkers: of the gpu_workers candidates on a GPU, how many may hold its shared turn at once (None: all).
-        # The others compile (Triton's JIT gives the turn back) or wait: fewer processes with GPU work pending means
-        # fewer time slices for each host sync to wait through (BENCHMARKS.md, "Harness throughput for RL rounds")
-        self.gpu_workers, self.gpu_checkers = gpu_workers, gpu_checkers
+        if gpu_workers < 1:
+            raise ValueError(f"gpu_workers must be >= 1, not {gpu_workers}")
+        self.gpu_workers = gpu_workers
         self.spare = None   # idle workers kept per pool (None: one more than run at once); evaluate() uses 0
         self.pools, self.gates, self.start_lock, self.memory = None, {}, threading.Lock(), None
         self.limits = {"startup": 300.0, "reference": self.opts["ref_timeout"],
@@ -425,7 +369,7 @@ class Evaluator:
         gpu_threads = max(1, len(os.sched_getaffinity(0)) // (self.gpu_workers * len(self.gpus) or 1))
         for gpu in self.gpus:
             lock = gpu_lock_path(gpu)
-            env = worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads, lock_path=lock)
+            env = worker_env("cuda", self.backend, self.opts, "run", gpu=gpu, threads=gpu_threads)
             if self.backend == "triton":   # the zygote warms Triton's compiler up for this GPU (no driver there)
                 major, minor = torch.cuda.get_device_capability(gpu)
                 env["KZ_TRITON_ARCH"] = str(10 * major + minor)
@@ -434,7 +378,7 @@ class Evaluator:
             # Two idle workers per GPU slot: a GPU worker's boot costs seconds of CPU (CUDA context, profiler, Triton),
             # and one spare per slot left candidates waiting for one. Each holds ~1 GB of host memory and a context.
             self.pools[gpu] = Pool(env, gpu_spare)
-            self.gates[gpu] = Gate(lock, max_shared=self.gpu_checkers)
+            self.gates[gpu] = Gate(lock)
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 
@@ -446,54 +390,29 @@ class Evaluator:
                        pool if isinstance(pool, int) else None)
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
-                      early: KernelResult | None = None, shared=None) -> KernelResult:
+                      early: KernelResult | None = None) -> KernelResult:
         if early:
             return early
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
                "device": self.device, "opts": self.opts}
         if not self.gpus:
-            return self._with_reference(job, shared, lambda job: self._on_cpu(job, cpu_slots))
+            with cpu_slots:
+                return self._run("cpu", job)
         # A single candidate has nothing to overlap; Triton compiles at the first launch, i.e. on the GPU worker
         if not two_stage or self.backend == "triton":
-            return self._with_reference(job, shared, lambda job: self._on_gpu(job, free_gpus))
+            return self._on_gpu(job, free_gpus)
         with cpu_slots:   # stage 1: build/import on a CPU worker (fills the extension cache)
             built = self._run("cpu", dict(job, kind="compile"))
         if built.error_kind != "ok":
-            if shared:
-                shared.done(self.memory)
             return built
-        result = self._with_reference(job, shared, lambda job: self._on_gpu(job, free_gpus))   # stage 2: a fresh
-        result.details.update(run_stage_compile_s=result.compile_s)   # process on a GPU, the import is a cache hit
+        result = self._on_gpu(job, free_gpus)   # stage 2: a fresh process on a GPU, the import is a cache hit
+        result.details.update(run_stage_compile_s=result.compile_s)
         result.compile_s = built.compile_s
         return result
 
-    def _on_cpu(self, job: dict, cpu_slots) -> KernelResult | dict:
-        with cpu_slots:
-            return self._run_raw("cpu", job) if job["kind"] == "reference" else self._run("cpu", job)
-
-    def _with_reference(self, job: dict, shared, run) -> KernelResult:
-        """run(job) with the task's shared reference attached when there is one (made by the first candidate of the
-        task that gets here); without one, or if the reference job failed, the candidate makes its own."""
-        if shared is None:
-            return run(job)
-        try:
-            pack = shared.get(lambda ref_job: run(ref_job), job, self)
-            if pack is not None:
-                meta = pack["meta"]
-                job = dict(job, pack={**{k: meta[k] for k in ("trials", "ref_mutates", "tensors", "details")},
-                                      "extents": pack["extents"]},
-                           pack_fd=pack["fd"],
-                           mem=memory_need(*meta["trial_bytes"], self.opts, "cuda" if self.gpus else "cpu",
-                                           stored=meta["nbytes"]))   # (received trials live on the host)
-            return run(job)
-        finally:
-            shared.done(self.memory)
-
-    def _on_gpu(self, job: dict, free_gpus: queue.Queue) -> KernelResult | dict:
+    def _on_gpu(self, job: dict, free_gpus: queue.Queue) -> KernelResult:
         gpu = free_gpus.get()
         try:
-            if job["kind"] == "reference":
-                return self._run_raw(gpu, job)
             result = self._run(gpu, job)
             # Candidates sharing a GPU share its memory: one that runs out may be the victim of another's memory
             # bomb, so it gets a second run with the GPU to itself before its verdict stands.
@@ -556,17 +475,11 @@ class Evaluator:
             first.setdefault(key, i)
         todo = sorted(first.values()) if self.opts["dedupe"] else list(range(len(pairs)))
         early = [_precheck(cand, self.backend) for _, cand in pairs]
-        # candidates of one task (a GRPO group, an eval's samples) share its reference work: one job per task
-        tasks = collections.Counter(pairs[i][0] for i in todo if early[i] is None)
-        share = self.opts["share_reference"]
-        share = bool(self.gpus) if share is None else share and not self.opts["compile_baseline"]
-        shared = {ref: _SharedReference(n) for ref, n in tasks.items() if share and n > 1}
 
         def one(i):
             try:
                 results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
-                                                early=early[i], shared=shared.get(pairs[i][0]) if early[i] is None
-                                                else None)
+                                                early=early[i])
             except Exception as e:   # a harness bug must not lose the other results
                 results[i] = _result("runtime", "harness error: " + _format_exception(e))
             bar.update(1)

@@ -12,8 +12,6 @@ what runs inside a worker. This file is the machinery between them, in the order
     and for memory.
   - gpu_turn, pass_turn, yield_turn, ask_memory: the other end of run_job, called inside a worker (its requests for
     the GPU turn and for memory).
-  - recv_raw, sealed_file: a shared reference's trials, received raw and kept in a sealed anonymous memory file that
-    every candidate of the task reads its own copy from.
 
 How it departs from the usual process pool (concurrent.futures, multiprocessing.Pool)
   1. A worker runs exactly one job and dies with its process group: a hang, a segfault, a poisoned CUDA context or a
@@ -25,8 +23,8 @@ How it departs from the usual process pool (concurrent.futures, multiprocessing.
      against none of them.
 
 This module imports neither eval_harness nor the worker side (the zygote imports harness_worker through BOOT), and
-both import it. It runs in a worker's process too (memory_need, lock_file, the requests above), so to a candidate it
-is part of the harness: static_checks bans importing it, and the worker's identity snapshot covers its functions.
+both import it. It runs in a worker's process too (memory_need, the requests above), so to a candidate it is part
+of the harness: static_checks bans importing it, and the worker's identity snapshot covers its functions.
 """
 from __future__ import annotations
 import collections
@@ -230,12 +228,9 @@ class Pool:
                 self.zygote = None
 
 
-def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0,
-               lock_path: str | None = None) -> dict:
+def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None = None, threads: int = 0) -> dict:
     """A worker pool's environment. `threads`: torch's CPU threads per worker (OMP_NUM_THREADS), so that workers
-    running at once share the cores instead of each starting one spinning thread per core (0: torch's default).
-    `lock_path`: the GPU's lock file (gpu_lock_path), under which an idle worker warms its kernels up when the
-    option warm_harness_kernels asks for it."""
+    running at once share the cores instead of each starting one spinning thread per core (0: torch's default)."""
     env = dict(os.environ, KZ_DEVICE=device, KZ_BACKEND=backend, KZ_ROLE=role, PYTHONFAULTHANDLER="1",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                KZ_OWNER=str(os.getpid()))   # whose workers these are (ps, tests: another run's are not ours)
@@ -247,9 +242,6 @@ def worker_env(device: str, backend: str, opts: dict, role: str, gpu: int | None
         env.pop("TRITON_INTERPRET", None)
         if opts["gpu_max_connections"] is not None:   # (read when the worker creates its context)
             env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(opts["gpu_max_connections"])
-        env.pop("KZ_GPU_LOCK", None)
-        if opts.get("warm_harness_kernels") and role == "run" and lock_path:
-            env["KZ_GPU_LOCK"] = lock_path
         if gpu is not None:   # map our index through the caller's own CUDA_VISIBLE_DEVICES
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
@@ -272,11 +264,10 @@ class Gate:
     closed_s: seconds during which this process's gate let no new shared holder in (a timer waiting or timing), the
     price every other worker pays for fair timing; bench.py reports it against the round's wall time."""
 
-    def __init__(self, lock_path: str | None = None, max_shared: int | None = None):
+    def __init__(self, lock_path: str | None = None):
         self.cond = threading.Condition()
         self.shared, self.exclusive, self.waiting = 0, False, 0
         self.lock_path = lock_path
-        self.max_shared = max_shared   # shared holders of this process at once (None: any number)
         self.closed_s, self.closed_since = 0.0, None   # (see the docstring; since when it is closed, if it is)
 
     def _count_closed(self) -> None:   # (under self.cond, after every change of waiting or exclusive)
@@ -290,8 +281,7 @@ class Gate:
     def acquire(self, mode: str) -> int | None:
         with self.cond:   # 1. this process's holders
             if mode == "shared":
-                self.cond.wait_for(lambda: not self.exclusive and not self.waiting
-                                   and (self.max_shared is None or self.shared < self.max_shared))
+                self.cond.wait_for(lambda: not self.exclusive and not self.waiting)
                 self.shared += 1
             else:
                 self.waiting += 1
@@ -340,8 +330,7 @@ def _open_turnstile(lock_path: str) -> int:
 def lock_file(lock_path: str, mode: str) -> int:
     """A GPU's machine-wide turn, "shared" or "exclusive", as flock(2) on its lock file (gpu_lock_path); closing the
     returned descriptor gives it back. One descriptor per holder: flock locks belong to an open file, so two opens of
-    one file conflict even within a process. Used by Gate, and by an idle GPU worker that launches warm-up kernels
-    (harness_worker._warm_up_harness_kernels) without a job, hence without a parent to ask."""
+    one file conflict even within a process. Used by Gate."""
     turnstile, fd = _open_turnstile(lock_path), os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(turnstile, fcntl.LOCK_EX)   # a waiting timer of any process holds this: we queue behind it
@@ -372,10 +361,9 @@ def gpu_lock_path(gpu: int) -> str | None:
 class Memory:
     """Admission by bytes, host and per GPU: the harness never runs more evaluations at once than memory holds.
 
-    A job asks for (host bytes, device bytes) before it makes or receives its trials: its worker estimates them from
-    the task's input sizes (memory_need), or the parent knows them from the shared reference's measured sizes. It is
-    admitted when its bytes fit in what is free, or when no other admitted job is running (a job larger than the
-    whole budget still runs, alone). held() counts memory the parent itself keeps (the shared references' trials)."""
+    A job asks for (host bytes, device bytes) before it makes its trials: its worker estimates them from the task's
+    input sizes (memory_need). It is admitted when its bytes fit in what is free, or when no other admitted job is
+    running (a job larger than the whole budget still runs, alone)."""
 
     def __init__(self, host_bytes: int, gpu_bytes: dict):
         self.cond = threading.Condition()
@@ -397,16 +385,6 @@ class Memory:
             for key, v in granted.items():
                 self.free[key] += v
             self.running -= 1
-            self.cond.notify_all()
-
-    def hold(self, nbytes: int) -> None:
-        """The parent keeps nbytes of host memory (no waiting: the bytes exist already)."""
-        with self.cond:
-            self.free["host"] -= int(nbytes)
-
-    def unhold(self, nbytes: int) -> None:
-        with self.cond:
-            self.free["host"] += int(nbytes)
             self.cond.notify_all()
 
 
@@ -451,26 +429,21 @@ def host_available_bytes() -> int:
 
 
 def memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
-                inputs_on_device: bool = False, stored: int | None = None) -> tuple[int, int]:
+                inputs_on_device: bool = False) -> tuple[int, int]:
     """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
     stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
     temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
-    their reference outputs. `stored`: bytes of trials already made (a shared reference: no temporaries). Unknown
-    sizes (None) are taken as max_trial_gb."""
+    their reference outputs. Unknown sizes (None) are taken as max_trial_gb."""
     cap = opts["max_trial_gb"] * 2**30
     if per_input is None:
         per_input = per_output = cap / 4
     per_output = per_input if per_output is None else per_output
     one = per_input + per_output
-    if stored is None:
-        n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
-        made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
-    else:
-        made, host = 0, stored
+    n = min(opts["trials"], max(1, int(cap // max(one, 1)) - 1)) + 1
+    made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
     on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
                                             # graphs' captured inputs and outputs, L2 flush
-    if stored is None:   # made here: on the device or on the host
-        on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)
+    on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)   # made on the device or host
     return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
 
 
@@ -483,7 +456,7 @@ FORGED = ("the worker's pipe carried a message the harness did not send (a resul
 
 
 PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
-MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "pack": 1, "result": 2}   # (their sizes)
+MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2}   # (their sizes)
 
 
 def forged(message, key: str, phase: str) -> bool:
@@ -509,31 +482,28 @@ def forged(message, key: str, phase: str) -> bool:
 
 def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
             gpu: int | None = None) -> dict:
-    """Send one job and wait for its result; each phase the worker announces gets its own time limit, and each Triton
-    JIT compile it announces ("jit") limits["jit"] within the phase's (absent: none). The worker asks
-    for its GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and
-    on GPU `gpu`; a job that carries "mem" is admitted by the parent before it is sent); time spent waiting there
-    counts against no limit. A job's "pack_fd" (a shared reference's trials in a sealed memory file, sealed_file)
-    follows the job as a file descriptor; a reference job's pack comes back as raw bytes (reply["pack"]). Adds
-    details["phase_s"] (seconds per phase, waits excluded), details["gpu_wait_s"], details["gpu_turns"] (requests
-    for the GPU turn; between trials a worker first asks whether a timer waits, and passes its turn only then),
-    details["mem_wait_s"] when the job waited for memory, and for a job that timed,
-    details["exclusive_s"] (seconds it held the GPU alone: every other worker on it waited meanwhile) and
-    details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn); details["longest_shared_s"] and
-    details["longest_shared_phase"]: the longest stretch this worker held its shared turn without a chance to give
-    it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for the slowest such stretch among
-    the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it ended in a request to time."""
+    """Send one job and wait for its result; each phase the worker announces gets its own time limit, and each
+    Triton JIT compile it announces ("jit") limits["jit"] within the phase's (absent: none). The worker asks for its
+    GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and on GPU
+    `gpu`); time spent waiting there counts against no limit. Adds details["phase_s"] (seconds per phase, waits
+    excluded), details["gpu_wait_s"], details["gpu_turns"] (requests for the GPU turn; between trials a worker first
+    asks whether a timer waits, and passes its turn only then), details["mem_wait_s"] when the job waited for
+    memory, and for a job that timed, details["exclusive_s"] (seconds it held the GPU alone: every other worker on
+    it waited meanwhile) and details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn);
+    details["longest_shared_s"] and details["longest_shared_phase"]: the longest stretch this worker held its shared
+    turn without a chance to give it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for
+    the slowest such stretch among the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it
+    ended in a request to time."""
     phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
     jit_since, phase_deadline = None, None   # a Triton JIT compile under way: since when; the phase's own deadline
     longest, offered = (0.0, None), (time.monotonic(), phase)   # the longest stretch; the last chance: when, phase
     alone = {"since": None, "held": 0.0, "waited": 0.0}   # the exclusive turn: when taken, seconds held and waited
     deadline = time.monotonic() + limits[phase]
-    clock, phase_s, pack = time.monotonic(), collections.Counter(), None
-    pack_fd, known = job.get("pack_fd"), job.get("mem")
+    clock, phase_s = time.monotonic(), collections.Counter()
     # The job's key: the worker's result must carry it. The candidate runs in the worker and can write to the pipe
     # (os.write on its descriptor): a verdict it forged there, without the key, is a reward hack, not a verdict
     key = secrets.token_hex(16)
-    job = {**{k: v for k, v in job.items() if k not in ("pack_fd", "mem")}, "key": key}
+    job = {**job, "key": key}
 
     def admit(host: int, device: int) -> float:
         """Wait for (host, device) bytes; returns the seconds waited. Device bytes are host bytes without a GPU."""
@@ -558,8 +528,6 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
             reply["details"].update(longest_shared_s=round(longest[0], 3), longest_shared_phase=longest[1])
         if worker.output_bytes > Worker.TAIL_BYTES:
             reply["details"]["output_bytes"] = worker.output_bytes
-        if pack is not None and reply.get("error_kind") == "ok":
-            reply["pack"] = pack
         return reply
 
     try:
@@ -590,14 +558,7 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
                     timing = message[:2] == ("gpu", "exclusive")   # the stretch before a timer asks to time alone
                     longest = (stretch, "timing" if timing else span)
                 if message[0] == "ready":
-                    if known:   # sizes measured already (a shared reference): admitted before it is sent
-                        wait = admit(*known)
-                        mem_waited, deadline, clock = mem_waited + wait, deadline + wait, clock + wait
                     worker.conn.send(job)
-                    if pack_fd is not None:
-                        multiprocessing.reduction.send_handle(worker.conn, pack_fd, worker.pid)
-                elif message[0] == "pack":   # a reference job's trials, one raw message per tensor
-                    pack = {"meta": message[1], "buffers": [recv_raw(worker.conn) for _ in message[1]["tensors"]]}
             except (EOFError, OSError):
                 rc = worker.exit_code()
                 how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
@@ -684,51 +645,3 @@ def ask_memory(conn: Connection, host: int, device: int, details: dict) -> None:
     details["mem_need_mb"] = [round(host / 2**20), round(device / 2**20)]
     conn.send(("mem", host, device))
     conn.recv()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Shared reference work, parent side: a reference job's trials received raw, kept in a sealed memory file
-
-def recv_raw(conn: Connection) -> bytearray:
-    """One send_bytes message read straight into a bytearray (Connection.recv_bytes would hold it twice)."""
-    fd = conn.fileno()
-
-    def read_into(view: memoryview) -> None:
-        while len(view):
-            n = os.readv(fd, [view])
-            if n == 0:
-                raise EOFError("the connection closed during a transfer")
-            view = view[n:]
-
-    header = bytearray(4)
-    read_into(memoryview(header))
-    size = int.from_bytes(header, "big", signed=True)
-    if size == -1:   # (multiprocessing's header for messages over 2 GB)
-        header = bytearray(8)
-        read_into(memoryview(header))
-        size = int.from_bytes(header, "big")
-    buf = bytearray(size)
-    read_into(memoryview(buf))
-    return buf
-
-
-def sealed_file(buffers: list) -> tuple[int, list[tuple[int, int]]]:
-    """The buffers written one after another into an anonymous memory file (memfd: no name a candidate could open),
-    then sealed against any write, shrink or grow: (its descriptor, [(offset, size)] per buffer). Every candidate of
-    a task reads its own copy from it (_pread) instead of receiving ~1 GB through its pipe, and no candidate can
-    change what the next one is compared against (the seals hold for every descriptor, /proc/PID/fd reopens too)."""
-    fd = os.memfd_create("kz_trials", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    extents, offset = [], 0
-    try:
-        for buf in buffers:
-            view = memoryview(buf).cast("B")
-            extents.append((offset, len(view)))
-            while len(view):
-                n = os.pwrite(fd, view, offset)
-                view, offset = view[n:], offset + n
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW |
-                    fcntl.F_SEAL_SEAL)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, extents

@@ -208,20 +208,19 @@ def _median(xs: list) -> float:
 
 def _timing_rule(opts: dict) -> dict:
     return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
-            "headroom_us": opts["timing_headroom_us"], "graphs": opts["timing_graphs"]}
+            "graphs": opts["timing_graphs"]}
 
 
 def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
-                 headroom_us: float = 0, graphs: bool = False, exclusive=None, after=None) -> dict:
+                 graphs: bool = False, exclusive=None, after=None) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (the module docstring).
     Returns {name: list of ms}, "method": "graph" or "eager" (and "graph_fallback": why not); the `checked` model's
     outputs are compared with the reference on a few unpredictable reps. `graphs`: each model's forward captured
     once as a CUDA graph and replayed per rep (_graph_runners; else, or where that fails, every model is called
     eagerly, with a device-wide synchronize before the end event). `adaptive`: reps (at least min_reps) until every
     model's median has a 95% confidence interval narrower than `ci` of it, at most 300 reps or `budget_s` of wall
-    time; else the fixed rule (budget_s spent, 30..300 reps). `headroom_us`: GPU sleep after each rep's flush
-    (DEFAULTS["timing_headroom_us"]).
+    time; else the fixed rule (budget_s spent, 30..300 reps).
     `exclusive()`, if given, is called once everything before the timed reps is ready (input copies, captures,
     warm-up): the caller takes the GPU alone there, so other workers' checks overlap all of that. `after()`, if
     given, is called once the timed reps are done: the caller gives the GPU back to the others there (the checks
@@ -236,14 +235,6 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
              tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
     runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    sleep_cycles = 0
-    if headroom_us > 0:   # calibrate torch.cuda._sleep (a spin kernel counting clock cycles) once
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(10**6)
-        end.record()
-        end.synchronize()
-        sleep_cycles = int(10**6 * headroom_us / 1e3 / max(start.elapsed_time(end), 1e-3))
     times = {name: [] for name in models}
     # host: the wall time of the checked model's reps (a cross-check of the events)
     times.update(bad_output=[], host=[], method="graph" if runners else "eager")
@@ -261,9 +252,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
             args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]   # fresh copy, untimed
             torch.cuda.synchronize()
         flush.zero_()   # ~80 us of GPU work: an eager model's Python launch overhead hides behind it, as in
-        if sleep_cycles:   # triton.testing.do_bench; we time GPU work, not how fast Python launches
-            torch.cuda._sleep(sleep_cycles)
-        host = time.perf_counter()
+        host = time.perf_counter()   # triton.testing.do_bench; we time GPU work, not how fast Python launches
         start.record()
         if runners:
             graph.replay()   # one launch; a graph finishes on its stream, side branches included

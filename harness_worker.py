@@ -4,9 +4,9 @@ Nothing here runs in the caller's process. The zygote (harness_processes.Zygote,
 imports this module once and calls _zygote_main; every worker is forked from that zygote, runs _worker_main and
 exactly one job, and is killed with its process group: "evaluate" (one candidate in five stages, _job_evaluate: the
 reference's trials, the instrumentation and the candidate's import, correctness trials, kernel coverage, timing),
-"reference" (a task's trials for its candidates to share), "compile" (GPU mode's CPU stage) and "lint" (the task
-quality rules). The parent side is eval_harness.py (verdicts, the public API, and the pitfalls table that the checks
-here implement, in its docstring) and harness_processes.py (pools, the GPU gate, memory admission, time limits).
+"compile" (GPU mode's CPU stage) and "lint" (the task quality rules). The parent side is eval_harness.py (verdicts,
+the public API, and the pitfalls table that the checks here implement, in its docstring) and harness_processes.py
+(pools, the GPU gate, memory admission, time limits).
 
 The worker side in four files, this one the stages and the jobs; the mechanisms they use, each one read on its own:
   harness_compare.py          outputs against the reference's, inputs against their copies, the fingerprints of the
@@ -16,7 +16,7 @@ The worker side in four files, this one the stages and the jobs; the mechanisms 
   harness_timing.py           the timing rule: CUDA graphs, interleaved reps, L2 flush, adaptive rep count
 
 Import direction: the worker side imports eval_harness (the options and tolerances it applies, _truncate,
-_format_exception) and harness_processes (memory_need, lock_file, and the worker's end of run_job's requests:
+_format_exception) and harness_processes (memory_need, and the worker's end of run_job's requests:
 gpu_turn, pass_turn, yield_turn, ask_memory); neither imports it, harness_processes only names this module in its
 zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
 baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
@@ -42,7 +42,6 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
@@ -52,7 +51,7 @@ from harness_compare import (_compare, _copy_out, _fingerprint_sums, _heavy_tol,
                              _outputs_intact, _same, _tensors, _to_device, _tolerance, _unchanged,
                              _within_kernels_reach)
 from harness_instrumentation import _Instrumentation
-from harness_processes import ask_memory, gpu_turn, lock_file, memory_need, yield_turn
+from harness_processes import ask_memory, gpu_turn, memory_need, yield_turn
 from harness_timing import (_median, _median_ci_width, _read_floor_ms, _time_models, _time_within_floor,
                             _timing_rule, peak_bandwidth)
 
@@ -181,8 +180,7 @@ def _worker_main(fd: int) -> None:
         profiler = cProfile.Profile()
         profiler.enable()
     try:
-        result = {"compile": _job_compile, "evaluate": _job_evaluate, "reference": _job_reference,
-                  "lint": _job_lint}[job["kind"]](job, conn)
+        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
         result = {"error_kind": _classify(e), "error": _format_exception(e)}
     if profile_dir:
@@ -199,8 +197,7 @@ def _warm_up_gpu_worker(backend: str) -> None:
     for CUDA candidates the profiler behind _kernel_coverage (CUPTI start-up) and, for Triton, the JIT's own
     start-up and its first device query. Workers boot while others hold the GPU, so none of this launches a kernel:
     an empty profile, a Triton kernel compiled (warmup) but never run, and a CUDA graph captured and instantiated
-    but never replayed. With the option warm_harness_kernels, the harness's own kernels then run once under the
-    GPU's shared turn (_warm_up_harness_kernels)."""
+    but never replayed."""
     x = torch.zeros(1, device="cuda")   # context creation (and one tiny fill)
     # the graph machinery's first use (capture, instantiation), off the timed candidate's path
     with contextlib.suppress(Exception):
@@ -231,46 +228,6 @@ def _warm_up_gpu_worker(backend: str) -> None:
             # device query, no kernel runs
             from triton.compiler.compiler import max_shared_mem
             max_shared_mem(torch.cuda.current_device())
-    if os.environ.get("KZ_GPU_LOCK"):   # (set with the option warm_harness_kernels)
-        with contextlib.suppress(Exception):   # (a warm-up too: if it fails, the kernels load mid-trial as without it)
-            _warm_up_harness_kernels("cuda", os.environ["KZ_GPU_LOCK"])
-
-
-def _warm_up_harness_kernels(device: str, lock: str | None = None) -> None:
-    """Launch once, on tiny tensors, the kernels the harness itself runs on a candidate's path (trial inputs, the
-    allocator poison, the input check, comparisons, fingerprints) for the common output dtypes. With CUDA's lazy
-    loading (the default since CUDA 12.2) a kernel's code is loaded at its first launch in a process, and that load
-    may synchronize the context: it waits for the process's queued work, which takes the GPU's time slices while
-    other workers share it. Every candidate runs in a fresh process, so without this it pays those waits mid-trial
-    (the first comparison after the candidate's forward, the first fingerprint...) instead of here, while idle.
-    The random generators' states are restored: trials seed their own, but nothing here may show in a verdict.
-    `lock`: the GPU's lock file; these are kernels, so they run under its shared turn, never while a timer times."""
-    fd = lock_file(lock, "shared") if lock else None
-    cuda = torch.device(device).type == "cuda"
-    try:
-        with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []):
-            torch.manual_seed(0)
-            for dtype in (torch.float32, torch.float16, torch.bfloat16):
-                x = torch.randn(64, device=device).to(dtype)            # trial inputs (get_inputs under the device)
-                heavy = x * torch.exp(torch.randn_like(x))               # the heavy-tailed trial
-                bool(torch.isfinite(heavy).all())
-                y = x.clone()
-                y[0] = float("nan")
-                _same(y, y.clone())                                       # NaN-aware equality (the input check)
-                _compare(x.clone(), x, torch.device(device), 1e-2, 1e-2)  # an output that passes
-                _compare(y, x, torch.device(device), 1e-2, 1e-2)          # and one that fails (a new NaN)
-                _heavy_tol({"heavy": True, "out": x}, [{"out": heavy}], 1e-2, 1e-2)
-                _host_ints(_fingerprint_sums([x, x[:3].view(torch.uint8)[:5]], key=12345))   # both word sizes
-            ints = torch.arange(64, device=device)
-            _compare(ints, ints.clone(), torch.device(device), 0.0, 0.0)   # integer outputs: exact equality
-            _compare(ints + 1, ints, torch.device(device), 0.0, 0.0)
-            torch.empty(64, dtype=torch.uint8, device=device).view(torch.float32).fill_(float("nan"))   # the poison
-            torch.empty(64, dtype=torch.int32, device=device).zero_()     # timing's L2 flush
-            if cuda:
-                torch.cuda.synchronize()   # (all of it ran before the turn is given back)
-    finally:
-        if fd is not None:
-            os.close(fd)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -546,20 +503,12 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
 
 
 def _load_reference(ev: _Evaluation) -> dict | None:
-    """Stage 1: the task's trials and reference outputs, before any candidate code exists in this process: made here
-    (_reference), or received from the parent (a task's candidates in one map call share one reference job's
-    trials, _job_reference)."""
+    """Stage 1: the task's trials and reference outputs (_reference), before any candidate code exists in this
+    process."""
     job, conn, details = ev.job, ev.conn, ev.details
     conn.send(("phase", "reference"))
     try:
-        if "pack" in job:
-            ev.ref, ev.init_inputs, ev.trials, ev.ref_mutates = _receive_reference(job, conn, details)
-            gpu_turn(conn, ev.turn)
-            ev.ref_model = None
-            if ev.device.type == "cuda" and ev.opts["timing"]:   # timed here, interleaved with the candidate
-                ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, ev.device, ev.opts)
-        else:
-            ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
+        ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
     except Exception as e:
         details["stage"] = "reference"
         return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
@@ -803,106 +752,6 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
         except Exception as e:   # the baseline is optional: report, do not fail the candidate
             details["compile_baseline_error"] = _truncate(_format_exception(e), 300)
     return None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Shared reference work, worker side: one job makes a task's trials, each candidate reads its own copy of them
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where a tensor sits in a shared reference's trials (the tensors themselves travel as raw bytes)."""
-    index: int
-
-
-def _strip_tensors(x, tensors: list):
-    if isinstance(x, torch.Tensor):
-        tensors.append(x)
-        return _Slot(len(tensors) - 1)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_strip_tensors(y, tensors) for y in x)
-    return x
-
-
-def _fill_tensors(x, tensors: list):
-    if isinstance(x, _Slot):
-        return tensors[x.index]
-    if isinstance(x, (list, tuple)):
-        return type(x)(_fill_tensors(y, tensors) for y in x)
-    return x
-
-
-def _storage_bytes(t: torch.Tensor) -> memoryview:
-    """A tensor's whole storage as bytes (views keep their strides and offset: _tensor_from)."""
-    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-    return memoryview(raw.numpy()) if raw.numel() else memoryview(b"")
-
-
-def _tensor_from(buf: bytearray, spec: tuple) -> torch.Tensor:
-    dtype, size, stride, offset = spec
-    raw = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
-    return raw.view(getattr(torch, dtype)).as_strided(size, stride, offset)
-
-
-def _pread(fd: int, offset: int, size: int) -> bytearray:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    while len(view):
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            raise EOFError("the shared trials' file ended early")
-        view, offset = view[n:], offset + n
-    return buf
-
-
-def _job_reference(job: dict, conn: Connection) -> dict:
-    """A task's reference work, done once for all of its candidates in a map call: its trials (inputs and reference
-    outputs; each candidate still times the reference itself, interleaved with its own reps). The trials go to the
-    parent as raw tensor bytes (("pack", meta) then one message per tensor); the parent keeps them in
-    a sealed memory file, from which each candidate reads its own copy before it is imported (_receive_reference)."""
-    details = {}
-    conn.send(("phase", "reference"))
-    try:
-        _, _, _, trials, ref_mutates = _reference(job, conn, details, "shared")
-    except Exception as e:
-        details["stage"] = "reference"
-        return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
-    tensors = []
-    skeleton = _strip_tensors([[tr["inputs"], tr["out"], tr["heavy"]] for tr in trials], tensors)
-    tensors = [t.cpu() for t in tensors]   # (inputs made on the GPU travel through the host like the rest)
-    buffers = [_storage_bytes(t) for t in tensors]
-    meta = {"trials": skeleton, "ref_mutates": ref_mutates,
-            "tensors": [(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.stride(), t.storage_offset())
-                        for t in tensors],
-            "nbytes": sum(len(b) for b in buffers),
-            "trial_bytes": [_nbytes(trials[0]["inputs"]), _nbytes(_tensors(trials[0]["out"]))],
-            "details": {k: details[k] for k in ("heavy_trial", "trials_capped", "ref_inputs_s", "ref_outputs_s")
-                        if k in details}}
-    conn.send(("pack", meta))
-    for buf in buffers:
-        conn.send_bytes(buf)
-    return {"error_kind": "ok", "details": details}
-
-
-def _receive_reference(job: dict, conn: Connection, details: dict) -> tuple:
-    """A candidate job's reference from a shared reference job: the task module is loaded as in _reference (same
-    files, same init inputs), the trials are read from the parent's sealed memory file (its descriptor arrives after
-    the job) into this process's own memory, before the candidate exists. Returns (module, init_inputs, trials,
-    mutates)."""
-    pack = job["pack"]
-    clock = time.monotonic()
-    fd = multiprocessing.reduction.recv_handle(conn)
-    try:   # one copy straight from the sealed file into this process's own memory, then no handle is left to it
-        buffers = [_pread(fd, offset, size) for offset, size in pack["extents"]]
-    finally:
-        os.close(fd)
-    tensors = [_tensor_from(buf, spec) for buf, spec in zip(buffers, pack["tensors"])]
-    trials = [{"inputs": inputs, "out": out, "heavy": heavy}
-              for inputs, out, heavy in _fill_tensors(pack["trials"], tensors)]
-    ref = _load_module(job["ref_src"], "kz_reference")
-    del sys.modules["kz_reference"]   # the candidate cannot find it by name
-    init_inputs = ref.get_init_inputs()
-    details.update(pack["details"], shared_reference=True, ref_receive_s=_since(clock), trials_on="cpu")
-    return ref, init_inputs, trials, pack["ref_mutates"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ Suites, in this order:
                                tests
   tests/bench.py               bench.py: attention, rollout, train and the processes section on the CPU
   tests/named_models.py        named offline models (GGUF slices installed as fake packages)
-  tests/harness_throughput.py  harness throughput: shared reference work, memory admission, workers booted ahead
+  tests/harness_throughput.py  harness throughput: memory admission, workers booted ahead
   tests/newcomer.py            what a newcomer meets first: flag errors, console messages, plots, the harness CLI
   tests/replication.py         replication: held-out statistics, compare, greedy eval, the self-distilled corpus
   tests/distributed.py         torchrun on the CPU (gloo): 2 ranks and 1 rank give the one-process round (LoRA

@@ -242,7 +242,6 @@ def test_bench_processes_cpu_times_forked_children_and_syncing_processes(tmp_pat
     assert all(r["wall_s"] > 0 and r["ms_per_child"] == pytest.approx(r["wall_s"] / 4 * 1e3) for r in life)
     assert [(r["processes"], len(r["per_process_ms"])) for r in sync] == [(1, 1), (2, 2)]
     assert all(0 < r["median_ms"] < 1000 for r in sync)
-    assert all(r["harness_kernels_first_ms"] > 0 and r["harness_kernels_again_ms"] > 0 for r in sync)
 
 
 def test_bench_processes_counts_a_child_that_fails():

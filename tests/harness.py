@@ -613,33 +613,6 @@ def test_harness_gate_counts_the_seconds_it_is_closed_to_checks():
     assert gate.closed_s == closed
 
 
-def test_harness_gate_caps_its_shared_holders():
-    """Gate(max_shared=2) (Evaluator's gpu_checkers): a third shared holder waits until one of two leaves; a timer
-    still gets the GPU alone after them; Evaluator refuses gpu_checkers < 1."""
-    gate, events = hp.Gate(max_shared=2), []
-    gate.acquire("shared")
-    gate.acquire("shared")
-
-    def third():
-        gate.acquire("shared")
-        events.append("third")
-
-    t = threading.Thread(target=third)
-    t.start()
-    time.sleep(0.2)
-    assert events == [] and gate.shared == 2, "a third holder must wait"
-    gate.release("shared")
-    t.join(5)
-    assert events == ["third"] and gate.shared == 2
-    gate.release("shared")
-    gate.release("shared")
-    gate.acquire("exclusive")
-    assert gate.exclusive and gate.shared == 0
-    gate.release("exclusive")
-    with pytest.raises(ValueError, match="gpu_checkers"):
-        eh.Evaluator(device="cpu", gpu_checkers=0)
-
-
 def test_harness_gate_says_when_a_timer_waits(tmp_path):
     """Gate.timer_waiting (what a worker asks between trials): no while only checkers hold the GPU; yes while a timer
     of this process waits for the checkers to leave, or while one of another process waits (it holds the lock file's
