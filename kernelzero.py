@@ -10,7 +10,9 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    clip-higher, token-mean aggregation by default, and an optional k3 KL penalty.
 2. The Proposer reward is R-Zero's uncertainty reward, 1 - 2|p - 1/2| minus a repetition penalty, and -1, -0.75 or
    -0.5 for an invalid module by how far it got (no code; does not load or run; runs but breaks a task rule:
-   `frontier_reward`); p is the pass rate of `k_probe` Coder attempts, again our definition.
+   `frontier_reward`); p is the pass rate of `k_probe` Coder attempts, again our definition. A module whose only
+   fault is its size (too fast to time on a GPU, or inputs over the linter's limit) is resized once, its batch scaled
+   by a power of two, and counts as valid if it then passes (`validate_modules`): sizes are the harness's business.
 3. One policy update per generation batch by default (`ppo_epochs=1`, as in DAPO/TRL defaults); groups whose rewards
    are all equal are dropped from the update (DAPO's dynamic sampling without the resampling).
 4. The Coder's training pool starts with `seed_pool` candidate modules so that the Coder phase has work before the
@@ -638,11 +640,14 @@ def update_api_stats(api_stats, apis, correct, ema):
 
 
 def validate_modules(codes, apis_per_code, pool_hashes, ev):
-    """(valid, hash, why) per proposed module, and {lint rule: the first such problem in full}: code block present,
-    every API used, not a held-out task (at any size), new to the pool, and the harness's task linter passes (ev.lint:
-    each module in its own worker process). `why` names the first failed rule (None when valid): "format", "apis",
-    "held_out", "in_pool" or "lint: <rule>" (eval_harness.LINT_RULES), so that a run's log says why its Proposer's
-    modules are rejected; the examples say what the linter saw (the error of a module that "does not run")."""
+    """(valid, hash, why) per proposed module, {lint rule: the first such problem in full}, and the modules as they
+    pass (a resized one's new source, the others as written): code block present, every API used, not a held-out task
+    (at any size), new to the pool, and the harness's task linter passes (ev.lint: each module in its own worker
+    process). A module whose only lint problem is its size (too fast to time, or inputs over the limit) is resized
+    once (`resize_factor`, `resized`) and linted again. `why` names the first failed rule (None when valid): "format",
+    "apis", "held_out", "in_pool" or "lint: <rule>" (eval_harness.LINT_RULES), so that a run's log says why its
+    Proposer's modules are rejected; the examples say what the linter saw (the error of a module that "does not
+    run")."""
     held_out = held_out_hashes()  # the Coder is evaluated on these: the Proposer must not hand them over for training
     hashes, why, todo = [], [], []
     for code, apis in zip(codes, apis_per_code):
@@ -669,8 +674,54 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
         lint[src] = rule and "lint: " + rule
         if rule:
             examples.setdefault(rule, problem[:300])
+    # A module that runs but only breaks a size rule gets a second chance at another size: the Proposer's job is the
+    # operation, and most of its invalid modules on a GPU ran correctly in under 50 us (pilots: 84 of 144 invalid)
+    retry = {src: resized(src, resize_factor(r)) for src, r in zip(todo, reports)}
+    retry = {src: new for src, new in retry.items() if new is not None}
+    final = {}   # source as written -> the resized source that passed the linter
+    for (src, new), r in zip(retry.items(), ev.lint(list(retry.values())) if retry else []):
+        if r.get("ok"):
+            final[src], lint[src] = new, None
+    out = [final.get(c, c) for c in codes]
+    for i, c in enumerate(codes):
+        if c in final:   # (the pool knows a module by its source at the size it is trained at)
+            hashes[i] = catalog.normalized_source_hash(final[c])
+            lint[c] = "in_pool" if hashes[i] in pool_hashes else None
     why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
-    return [w is None for w in why], hashes, why, examples
+    return [w is None for w in why], hashes, why, examples, out
+
+
+MIN_EAGER_MS = 0.05   # the task linter's floor on a module's eager GPU time (eval_harness.lint_tasks' rules)
+
+
+def resize_factor(report):
+    """How much larger (a power of two) or smaller (its inverse) a module's batch should be for the linter, from
+    its lint report; 1 when its problems are not only about size. Too fast: 2x past the floor (small kernels'
+    times grow less than linearly with their size), at most 64x; inputs over the limit: down to half of it.
+
+    eager 13 us -> 8 (2 * 50 / 13 = 7.7); inputs 2048 MB of 512 -> 1/8 (2048 / 256)"""
+    problems = report.get("problems") or []
+    if not problems or report.get("ok"):
+        return 1
+    rules = {lint_rule(p) for p in problems}
+    if rules == {"eager time"} and report.get("eager_ms"):
+        return min(64, 2 ** math.ceil(math.log2(2 * MIN_EAGER_MS / report["eager_ms"])))
+    if rules == {"inputs take"} and report.get("input_mb"):
+        limit = float(re.search(r"limit (\d+) MB", problems[0]).group(1))
+        return 1 / 2 ** math.ceil(math.log2(report["input_mb"] / (limit / 2)))
+    return 1
+
+
+def resized(src, factor):
+    """src with its batch size (`batch_size = N`; without one, `dim = N`) times factor, or None when factor is 1,
+    it has neither constant, or the size would not change (a batch of 1 cannot shrink)."""
+    for name in ("batch_size", "dim"):
+        m = re.search(rf"^{name} = (\d+)$", src, re.M)
+        if m:
+            n = int(m.group(1))
+            new = max(1, int(n * factor))
+            return None if factor == 1 or new == n else src[:m.start(1)] + str(new) + src[m.end(1):]
+    return None
 
 
 # the lint rules that a module which loads and runs can still break
@@ -747,8 +798,10 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
     with timed(times, "validate"):   # each rank lints its share of the modules
         pool_hashes = {m["hash"] for m in state["pool"]}
         mine = my_rows(len(codes))
-        valid, hashes, why, examples = validate_modules(codes[mine], set_of[mine], pool_hashes, ev)
-        valid, hashes, why = gather_rows(valid), gather_rows(hashes), gather_rows(why)
+        valid, hashes, why, examples, sized = validate_modules(codes[mine], set_of[mine], pool_hashes, ev)
+        valid, hashes, why, sized = gather_rows(valid), gather_rows(hashes), gather_rows(why), gather_rows(sized)
+        resized_n = sum(a != b for a, b in zip(sized, codes))
+        codes = sized   # (a resized module enters the pool at the size that passed the linter)
         lint_examples = {rule: text for part in reversed(gather_rows([examples])) for rule, text in part.items()}
     # probe each distinct valid module k_probe times: its pass rate p is its difficulty for the current Coder
     modules = {m["hash"]: m for m in distinct_valid(codes, hashes, valid, set_of, state["round"])}
@@ -777,7 +830,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
             "proposer/format_frac": sum(c is None for c in codes) / len(codes),
             "proposer/invalid": dict(Counter(w for w in why if w is not None)),
             "proposer/lint_examples": lint_examples,  # {rule: the first problem of that rule, truncated}
-            "proposer/unique_valid": len(modules), "proposer/added": len(added),
+            "proposer/unique_valid": len(modules), "proposer/added": len(added), "proposer/resized": resized_n,
             "proposer/p_mean": sum(ps) / len(ps) if ps else None, "proposer/pass_rates": sorted(ps),
             "proposer/probe_harness_s": harness_seconds(results),
             "proposer/reward_mean": float(rewards.mean()),
@@ -822,7 +875,7 @@ def seed_pool(coder, proposer, ev, state, cfg, device, harness_device, times):
                 for c, a in cands], {}
     codes, apis = [c for c, _ in cands], [a for _, a in cands]
     with timed(times, "seed_validate"):
-        valid, hashes, why, _ = validate_modules(codes, apis, set(), ev)
+        valid, hashes, why, _, codes = validate_modules(codes, apis, set(), ev)
     modules = distinct_valid(codes, hashes, valid, apis, -1)
     probe(modules, coder, proposer, ev, state, cfg, device, times, cfg.seed_probe, phase_seed(cfg, -1, "seed"))
     if rank() == 0:   # for --seed-from: another run from the same warm start takes these without probing again

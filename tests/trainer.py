@@ -55,7 +55,7 @@ def _phase_fakes(monkeypatch, results_fn):
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
                         lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))],
-                                           [None] * len(codes), {}))
+                                           [None] * len(codes), {}, list(codes)))
     seen["ev"] = types.SimpleNamespace(holding_gpus=contextlib.nullcontext)   # no GPU: turns are no-ops
     return seen
 
@@ -927,12 +927,13 @@ def test_trainer_validate_modules_with_the_harness():
     codes.append(degenerate)
     sets.append(apis_a)
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=1, progress=False) as ev:
-        valid, hashes, why, examples = kz.validate_modules(codes, sets, pool_hashes, ev)
+        valid, hashes, why, examples, out = kz.validate_modules(codes, sets, pool_hashes, ev)
     # ok | no code | misses an API (and is in the pool) | same module twice: both valid, penalised | broken source |
     # returns zeros (the linter's degenerate-output rule)
     assert valid == [True, False, False, True, True, False, False]
     assert why == [None, "format", "apis", None, None, "apis", "lint: degenerate"]
     assert list(examples) == ["degenerate"] and "zeros" in examples["degenerate"]   # the linter's own words
+    assert out == codes   # (the CPU linter has no time floor: nothing was resized)
     codes, sets, valid, hashes = codes[:-1], sets[:-1], valid[:-1], hashes[:-1]
     assert hashes[0] == hashes[3] == hashes[4] and hashes[1] is None and hashes[5] is None
     _trainer_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
@@ -945,8 +946,51 @@ def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():
     resized = re.sub(r"^(\w+) = \d+", r"\1 = 64", relu, flags=re.M)
     assert resized != relu
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=1, progress=False) as ev:
-        valid, hashes, why, examples = kz.validate_modules([resized], [[]], set(), ev)
+        valid, hashes, why, examples, _ = kz.validate_modules([resized], [[]], set(), ev)
     assert valid == [False] and hashes == [None] and why == ["held_out"] and examples == {}
+
+def test_trainer_validate_modules_resizes_a_module_whose_only_fault_is_its_size():
+    """A module the GPU linter finds too fast is linted again with its batch grown (13 us: 8x), one over the input
+    limit with its batch shrunk; it is then valid at that size, and that source is the one returned (the pool's).
+    A module with another problem besides, or without a batch or dim constant, is not resized."""
+    def module(batch, extra=""):
+        return (f"import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                f"        return torch.relu(x){extra}\n\nbatch_size = {batch}\n\n"
+                f"def get_inputs():\n    return [torch.randn(batch_size, 1024)]\n\ndef get_init_inputs():\n    return []\n")
+    linted = []
+
+    class Linter:   # the GPU linter's rules, by batch size: under 4096 rows too fast, over 65536 too large
+        def lint(self, srcs):
+            linted.append(list(srcs))
+            out = []
+            for src in srcs:
+                batch = int(re.search(r"^batch_size = (\d+)$", src, re.M).group(1)) if "batch_size" in src else 1
+                problems = []
+                if batch > 65536:
+                    problems.append(f"inputs take {batch * 4 / 1024:.0f} MB (limit 512 MB)")
+                elif batch < 4096:
+                    problems.append("eager time 13 us < 50 us: launch overhead would dominate")
+                if "* 0" in src:
+                    problems.insert(0, "degenerate: the output is all zeros")
+                out.append({"ok": not problems, "problems": problems, "input_mb": batch * 4 / 1024,
+                            "eager_ms": 0.013 if batch < 4096 else 0.2})
+            return out
+    small, big, zeros, plain = module(1024), module(2 ** 19), module(1024, " * 0"), module(8192)
+    nobatch = small.replace("batch_size = 1024", "rows = 1024").replace("(batch_size,", "(rows,")
+    codes = [small, big, zeros, plain, nobatch]
+    valid, hashes, why, examples, out = kz.validate_modules(codes, [[]] * 5, set(), Linter())
+    assert valid == [True, True, False, True, False]
+    assert why == [None, None, "lint: degenerate", None, "lint: eager time"]
+    assert out == [module(8192), module(2 ** 16), zeros, plain, nobatch]   # 13 us -> 8x; 2048 MB of 512 -> 1/8
+    assert len(linted) == 2 and linted[1] == [module(8192), module(2 ** 16)]   # one second lint, of the two
+    # the small module grown to 8192 rows is the plain one: the same module twice, as the pool sees it
+    assert hashes[0] == hashes[3] == kz.catalog.normalized_source_hash(plain) != hashes[1]
+    _, _, why, _, out = kz.validate_modules([small], [[]], {hashes[3]}, Linter())   # grown into a pool module
+    assert why == ["in_pool"]
+    assert kz.resize_factor({"ok": False, "problems": ["eager time 48 us < 50 us: ..."], "eager_ms": 0.048}) == 4
+    assert kz.resize_factor({"ok": False, "problems": ["eager time 1 us < 50 us: ..."], "eager_ms": 0.001}) == 64
+    assert kz.resized(module(1), 1 / 8) is None and kz.resized(small, 1) is None
+
 
 def test_trainer_eval_subcommand_writes_metrics_and_answers(tmp_path):
     """`kernelzero.py eval`: pass@k and fast_p for one level, and per task the first sample's verdict and answer."""
