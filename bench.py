@@ -110,7 +110,7 @@ from dataclasses import dataclass
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)   # spawned workers import cuda_ext, eval_harness and harness_worker from here
+sys.path.insert(0, HERE)   # spawned workers import cuda_ext, eval_harness and harness.worker from here
 
 
 @dataclass
@@ -137,8 +137,8 @@ class Config:
     round_answers: str = ""          # (e) eval JSONs (kernelzero.py eval, bench.py models), comma-separated: a
     #                                  model's failing answers to a task replace its synthetic wrong and failing
     #                                  candidates (a real mix of errors), where the files have some
-    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and the other harness_*.py
-    #                                  files and static_checks.py it has, and cuda_ext/) to run on
+    round_baseline: str = ""         # (e) a directory holding an older eval_harness.py (and the harness/ package or
+    #                                  the older top-level files it has, and cuda_ext/) to run on
     #                                  the same batch in the same call; "" : the current harness with host inputs
     #                                  and the fixed timing budget stands in for it; "none": no baseline run
     round_baseline_first: bool = False  # (e) run the baseline before the variants (run a round both ways to see
@@ -785,31 +785,34 @@ def round_candidates(tag: str, tasks: int, samples: int, failures: dict | None =
 
 
 def _harness_module(directory: str):
-    """eval_harness from `directory`, under its own module name, with the directory's harness_processes.py where it
-    has one (a harness split in three): the baseline's pools, GPU gate and time limits are its own. Its workers boot
-    from `directory` (BOOT puts it first on their sys.path), so the worker side (harness_worker.py, which imports
+    """eval_harness from `directory`, under its own module name, with the directory's harness/processes.py where it
+    has one (a harness split into a package): the baseline's pools, GPU gate and time limits are its own. Its workers
+    boot from `directory` (BOOT puts it first on their sys.path), so the worker side (harness/worker.py, which imports
     eval_harness) comes from there too; the parent side never imports the worker side, so nothing of this checkout's
-    worker mixes in. (A baseline's parent-side `import static_checks` gets this checkout's: the rules a source is
-    rejected by, not the timing path.)"""
+    worker mixes in. (A baseline's parent-side `from harness import static_checks` gets this checkout's: the rules a
+    source is rejected by, not the timing path. An older harness of flat top-level files finds them in `directory`,
+    which is first on sys.path while it loads: none of their names is one of this checkout's modules.)"""
     import importlib.util
 
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name + "_baseline", os.path.join(directory, name + ".py"))
+    def load(name: str, path: str):
+        spec = importlib.util.spec_from_file_location(name + "_baseline", os.path.join(directory, path))
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         return module
-    ours = sys.modules.get("harness_processes")
+    ours = sys.modules.get("harness.processes")
+    sys.path.insert(0, directory)
     try:
-        if os.path.exists(os.path.join(directory, "harness_processes.py")):
-            # the baseline's `import harness_processes` binds the directory's, then this checkout's is put back
-            sys.modules["harness_processes"] = load("harness_processes")
-        return load("eval_harness")
+        if os.path.exists(os.path.join(directory, "harness", "processes.py")):
+            # the baseline's `from harness.processes import` binds the directory's, then this checkout's is put back
+            sys.modules["harness.processes"] = load("harness.processes", os.path.join("harness", "processes.py"))
+        return load("eval_harness", "eval_harness.py")
     finally:
+        sys.path.remove(directory)
         if ours is not None:
-            sys.modules["harness_processes"] = ours
+            sys.modules["harness.processes"] = ours
         else:
-            sys.modules.pop("harness_processes", None)
+            sys.modules.pop("harness.processes", None)
 
 
 def _peak_rss_gb() -> float:
@@ -849,7 +852,7 @@ def print_profile(directory: str, name: str, top: int = 30) -> None:
     print(f"\n{name}: {len(files)} worker jobs profiled, merged into {merged}")
     stats.sort_stats("tottime").print_stats(top)
     stats.print_callers(12)   # who calls the top ones (a C builtin's own time is often a host sync or an import)
-    stats.sort_stats("cumulative").print_stats(r"harness_\w+\.py|eval_harness\.py|_bootstrap>.*_find_and_load\b",
+    stats.sort_stats("cumulative").print_stats(r"harness/\w+\.py|eval_harness\.py|_bootstrap>.*_find_and_load\b",
                                                top)
 
 
@@ -918,7 +921,7 @@ def slot_occupancy(details: list[dict], slots: int, seconds: float) -> float | N
 
 def gate_closed_s(ev) -> float | None:
     """Seconds the Evaluator's GPU gates have let no new correctness check in (a timer waiting or timing:
-    harness_processes.Gate.closed_s), summed over its GPUs; None before its pools start, or for an older harness
+    harness.processes.Gate.closed_s), summed over its GPUs; None before its pools start, or for an older harness
     whose gates do not count them. Over map's seconds: the share of the round that fair timing closes the GPU."""
     gates = list((getattr(ev, "gates", None) or {}).values())
     if not gates or not all(hasattr(gate, "closed_s") for gate in gates):
@@ -1677,7 +1680,7 @@ def proposer_validity(policy, kcfg, ev, n: int, seed: int = 0) -> dict:
     batch = kz.rollout(policy.model, policy.tok, [kz.proposer_prompt(catalog.render_api_set(a)) for a in api_sets],
                        kcfg, policy.sampler, desc="proposals")
     codes = [extract_code(c) for c in batch["completions"]]
-    valid, _, why, examples = kz.validate_modules(codes, api_sets, set(), ev)
+    valid, _, why, examples, _ = kz.validate_modules(codes, api_sets, set(), ev)
     return dict(proposals=n, valid_frac=sum(valid) / n, invalid=dict(collections.Counter(w for w in why if w)),
                 lint_examples=examples, first_answer=batch["completions"][0][:2000])
 

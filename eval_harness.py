@@ -7,17 +7,17 @@ CUDA candidates on CPU workers in parallel, checking a few candidates at once on
 
 The harness's files, split where a reader would look
   eval_harness.py (this file) is the caller's side: results and options, extract_code, the static checks' verdicts
-  (their rules, parse only, are static_checks.py), the public API (Evaluator, evaluate, lint_tasks) and the CLI.
-  harness_processes.py is how the caller's side runs work in processes: worker pools and their zygotes, the GPU gate
+  (their rules, parse only, are harness/static_checks.py), the public API (Evaluator, evaluate, lint_tasks) and the CLI.
+  harness/processes.py is how the caller's side runs work in processes: worker pools and their zygotes, the GPU gate
   and memory admission, running one job under its time limits.
-  harness_worker.py is everything that runs inside a worker process: start-up (zygote, worker, warm-up), the five
+  harness/worker.py is everything that runs inside a worker process: start-up (zygote, worker, warm-up), the five
   stages of a candidate's evaluation (reference trials, instrumentation and import, correctness, kernel coverage,
-  timing), and the compile and lint jobs. The stages' mechanisms are files of their own: harness_compare.py
-  (outputs, inputs, fingerprints), harness_instrumentation.py (op recorder, launch counter, allocator poison,
-  identity snapshot) and harness_timing.py (the timing rule). The worker side imports this module (options,
-  tolerances, _truncate, _format_exception) and harness_processes; neither imports it (only the zygotes do, through
-  harness_processes.BOOT), so there is no import cycle and the caller's process never loads the worker's code. The
-  pitfall checks below are implemented there unless they say "static check" (static_checks.py).
+  timing), and the compile and lint jobs. The stages' mechanisms are files of their own: harness/compare.py
+  (outputs, inputs, fingerprints), harness/instrumentation.py (op recorder, launch counter, allocator poison,
+  identity snapshot) and harness/timing.py (the timing rule). The worker side imports this module (options,
+  tolerances, truncate, format_exception) and harness.processes; neither imports it (only the zygotes do, through
+  harness.processes.BOOT), so there is no import cycle and the caller's process never loads the worker's code. The
+  pitfall checks below are implemented there unless they say "static check" (harness/static_checks.py).
 
 What the process isolation protects, and what it does not
   Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
@@ -49,26 +49,26 @@ What the process isolation protects, and what it does not
   15 baseline mismatch: the reference timed the same way, interleaved, in the same process
   16 hangs, crashes, poisoned CUDA contexts: one killable process per candidate
   17 (ours) the stored reference outputs read through the worker's frames or gc and copied: static check, and an
-     audit hook on the candidate's own calls for frames and live objects (harness_instrumentation)
+     audit hook on the candidate's own calls for frames and live objects (harness.instrumentation)
   18 (ours) a graph replay that does nothing: a kernel launched on the legacy default stream is not in the CUDA
      graph captured for timing, and where the output hardly depends on the inputs (a mean loss over random data)
      the output the capture left passes the replays' checks, so an empty graph is timed (323x): outputs poisoned
      before every checked replay, and a median below timing_floor of reading the inputs once at the GPU's peak
-     bandwidth timed again eagerly, then reward_hack ("below_bandwidth_floor"; harness_timing)
+     bandwidth timed again eagerly, then reward_hack ("below_bandwidth_floor"; harness.timing)
   19 (ours) a verdict forged on the worker's pipe to the harness (os.write of a framed ("result", ok) message to
      its descriptor, before the real one): static check of raw descriptor I/O ("file_descriptors"), and run_job
      takes a result only with the key it sent with the job, phases only forward (one sent again would restart its
      clock: a loop of them never timed out), and every other message only in the shape the worker sends it
-     ("forged_message", harness_processes.forged)
+     ("forged_message", harness.processes.forged)
   20 (ours) the harness's sources rewritten on disk (the next Evaluator's workers import them: a comparison that
      always passes): static check of files opened to write, pathlib's writers, os.remove/rename/replace..., shutil
      ("writes_files"); in a CUDA candidate's C/C++ sources, file, descriptor and process calls (fopen, fstream,
-     write, dup2, system...: static_checks.native_check)
+     write, dup2, system...: harness.static_checks.native_check)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's
      source names: torch and torch.nn.functional functions, Tensor methods and operators, nn classes' own methods,
-     and all of torch.nn.functional (harness_instrumentation._reference_reaches). Not covered: a torch function
+     and all of torch.nn.functional (harness.instrumentation._reference_reaches). Not covered: a torch function
      reached only inside another torch Python function. Closing that too: time the reference before the candidate
      exists.
 
@@ -90,16 +90,16 @@ How it departs from KernelBench's own eval (src/eval.py)
      device-wide synchronize when it cannot be captured, and reference and candidate always the same way
      (details["timing_method"]); a 256 MB L2 flush before every rep; reference and candidate interleaved in the
      candidate's process until both medians' 95% confidence intervals are within timing_ci (2%); spot checks of
-     timed outputs, on poisoned graph outputs; a bandwidth floor (timing_floor). README, "How a kernel is timed",
-     has the whole rule.
+     timed outputs, on poisoned graph outputs; a bandwidth floor (timing_floor). harness/README.md, "How a kernel is
+     timed", has the whole rule.
   6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
-Decisions worth knowing (each has a test; README, "The evaluation harness", has GPU sharing, memory admission,
+Decisions worth knowing (each has a test; harness/README.md has GPU sharing, memory admission,
 inputs on the GPU, deduplication and timing in full)
   - Verdict order: harness integrity (patched references, threads, input mutation) > runtime error > wrong output
     (mismatch) > own kernels not launched > PyTorch fallback. `correct` is exactly error_kind == "ok".
-  - The PyTorch-fallback rule is strict: any aten op in forward outside harness_instrumentation._GLUE_OPS
+  - The PyTorch-fallback rule is strict: any aten op in forward outside harness.instrumentation._GLUE_OPS
     (allocation, views, copies, casts, cat/stack, padding) is a fallback, even a bias add; `.item()` loops count
     too. Ops run by Triton itself (launcher, interpreter, autotuner) are not recorded.
   - Input mutation is reward_hack (it fools the reference and skips an allocation), unless the reference mutates too.
@@ -135,8 +135,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import static_checks
-from harness_processes import (Gate, Memory, Pool, gpu_budget_bytes, gpu_lock_path, host_available_bytes,
+from harness import static_checks
+from harness.processes import (Gate, Memory, Pool, gpu_budget_bytes, gpu_lock_path, host_available_bytes,
                                run_job, worker_env)
 
 
@@ -216,7 +216,7 @@ def _check_options(opts: dict) -> None:
         raise ValueError(f"timing_floor must be a number from 0 (no floor) to 1, not {floor!r}")
 
 
-def _truncate(text: str, n: int = 1500) -> str:
+def truncate(text: str, n: int = 1500) -> str:
     text = str(text)
     return text if len(text) <= n else text[: n // 3] + "\n...\n" + text[-(2 * n) // 3:]
 
@@ -224,10 +224,10 @@ def _truncate(text: str, n: int = 1500) -> str:
 def _result(kind: str, error: str = "", **fields) -> KernelResult:
     assert kind in ERROR_KINDS, kind
     fields.setdefault("compiled", False)
-    return KernelResult(correct=(kind == "ok"), error_kind=kind, error=_truncate(error), **fields)
+    return KernelResult(correct=(kind == "ok"), error_kind=kind, error=truncate(error), **fields)
 
 
-def _format_exception(e: BaseException) -> str:
+def format_exception(e: BaseException) -> str:
     """An exception as a verdict's error message: its type, message and last three frames (worker and parent side)."""
     frames = traceback.extract_tb(e.__traceback__)[-3:]
     where = "".join(f"  {os.path.basename(f.filename)}:{f.lineno} {f.line}\n" for f in frames)
@@ -252,7 +252,7 @@ def extract_code(completion: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Static checks (parent side: parse only, nothing is executed; the rules are in static_checks.py)
+# Static checks (parent side: parse only, nothing is executed; the rules are in harness/static_checks.py)
 
 def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
     """format / compile (syntax) / reward_hack verdicts that need no process; None if the candidate may run."""
@@ -481,7 +481,7 @@ class Evaluator:
                 results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
                                                 early=early[i])
             except Exception as e:   # a harness bug must not lose the other results
-                results[i] = _result("runtime", "harness error: " + _format_exception(e))
+                results[i] = _result("runtime", "harness error: " + format_exception(e))
             bar.update(1)
 
         # twice the compile slots: finished builds wait for a GPU while the next ones compile
@@ -565,9 +565,9 @@ def _lint_report(run) -> dict:
     try:
         reply = run()
     except Exception as e:
-        reply = {"error_kind": "runtime", "error": "harness error: " + _format_exception(e)}
+        reply = {"error_kind": "runtime", "error": "harness error: " + format_exception(e)}
     if "ok" not in reply:
-        return {"ok": False, "problems": [f"{reply['error_kind']}: {_truncate(reply.get('error', ''), 600)}"],
+        return {"ok": False, "problems": [f"{reply['error_kind']}: {truncate(reply.get('error', ''), 600)}"],
                 "eager_ms": None, "input_mb": None, "details": reply.get("details", {})}
     return reply
 

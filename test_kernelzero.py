@@ -12,7 +12,7 @@ here) and are star-imported below, so that every test's node id is test_kernelze
 importing the tests package sets TRITON_INTERPRET=1 before anything imports triton (tests/__init__.py).
 
 Suites, in this order:
-  tests/harness.py             eval_harness.py, harness_processes.py and the worker side: known-good candidates,
+  tests/harness.py             eval_harness.py, harness/processes.py and the worker side: known-good candidates,
                                anti reward hacking (a case per pitfall), isolation (timeouts, crashes, no processes
                                left), the GPU gate, lint, CLI, GPU tests
   tests/graph_timing.py        the graph timing's replays that do nothing: poisoned outputs, the bandwidth floor

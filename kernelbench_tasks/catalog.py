@@ -46,7 +46,7 @@ import random
 
 import torch
 
-from static_checks import import_aliases, name_chain
+from harness.static_checks import import_aliases, name_chain
 
 KINDS = ("elementwise_unary", "elementwise_binary", "reduction", "matmul", "conv", "norm", "pooling", "scan", "loss",
          "shape")

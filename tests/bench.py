@@ -187,7 +187,7 @@ def test_bench_gate_closed_sums_the_gpus_and_knows_older_harnesses():
     """The round's closed share reads every GPU gate's closed_s; an Evaluator whose pools have not started, or an
     older harness whose gates do not count, gives None (not 0: that would claim the GPU was never closed)."""
     import types
-    import harness_processes as hp
+    import harness.processes as hp
     one, two = hp.Gate(), hp.Gate()
     one.closed_s, two.closed_s = 1.5, 0.25
     assert bench.gate_closed_s(types.SimpleNamespace(gates={0: one, 1: two})) == 1.75

@@ -1,6 +1,6 @@
 """Tests: the CUDA-graph timing's hole of a replay that does nothing (pitfall 18 of eval_harness.py's table), and its
-two fixes in harness_timing.py: outputs poisoned before every checked replay (_poison_outputs), and the bandwidth
-floor (option timing_floor: _read_floor_ms, peak_bandwidth, _time_within_floor; the worker's verdict).
+two fixes in harness/timing.py: outputs poisoned before every checked replay (_poison_outputs), and the bandwidth
+floor (option timing_floor: read_floor_ms, peak_bandwidth, time_within_floor; the worker's verdict).
 
 The hole, as measured: a correct CUDA kernel launched on the legacy default stream (`<<<grid, block>>>`) is not in
 the graph captured for timing, so every replay does nothing; for a mean loss over 512 MB of random data the output
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import eval_harness as eh
-import harness_compare as hc
-import harness_timing as ht
-import harness_worker as hw
+import harness.compare as hc
+import harness.timing as ht
+import harness.worker as hw
 from tests.harness_throughput import _stand_in_cuda_events
 
 CPU = torch.device("cpu")
@@ -37,7 +37,7 @@ def test_harness_timing_poisoned_outputs_cannot_pass_the_comparison():
         ht._poison_outputs(out, ref)
         assert not (out == ref).any(), (ref.dtype, out)
         if not ref.is_complex():   # (the comparison does not take complex outputs; the fill is the floats' one)
-            assert hc._compare(out, ref, CPU, 1e9, 1e9)[0] == "mismatch", ref.dtype
+            assert hc.compare(out, ref, CPU, 1e9, 1e9)[0] == "mismatch", ref.dtype
     pair = (torch.randn(4), torch.arange(4))
     out = tuple(t.clone() for t in pair)
     ht._poison_outputs(out, pair)
@@ -54,7 +54,7 @@ def _mean_square_trials(monkeypatch):
     for trial in trials:
         trial["inputs"] = [torch.randn(64, generator=g)]
         trial["out"] = (trial["inputs"][0] ** 2).mean()
-    assert hc._compare(trials[0]["out"], trials[1]["out"], CPU, *_TOL)[0] is None   # (the hole's precondition)
+    assert hc.compare(trials[0]["out"], trials[1]["out"], CPU, *_TOL)[0] is None   # (the hole's precondition)
     monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *args: (2**40, 2**40))
     return trials
@@ -86,20 +86,20 @@ def test_harness_timing_graph_replays_that_write_nothing_are_not_trusted(monkeyp
                     left[0] = None if left[0] is None else left[0] - 1
         return Graph(), static, out
     monkeypatch.setattr(ht, "_capture", capture)
-    rule = ht._timing_rule(eh.DEFAULTS)
+    rule = ht.timing_rule(eh.DEFAULTS)
 
     writes[cand] = 0   # never: the legacy-stream kernel
-    times = ht._time_models({"ref": msq, "cand": cand}, trials, CPU, 0.05, checked="cand", tol=_TOL, **rule)
+    times = ht.time_models({"ref": msq, "cand": cand}, trials, CPU, 0.05, checked="cand", tol=_TOL, **rule)
     assert times["method"] == "eager" and "cand" in times["graph_fallback"], times.get("graph_fallback")
     assert "disagrees" in times["graph_fallback"] and not any(times["bad_output"])   # (eager: it computes)
 
     writes[cand] = 2   # the two checked replays only
-    times = ht._time_models({"ref": msq, "cand": cand}, trials, CPU, 0.05, checked="cand", tol=_TOL, **rule)
+    times = ht.time_models({"ref": msq, "cand": cand}, trials, CPU, 0.05, checked="cand", tol=_TOL, **rule)
     assert times["method"] == "graph" and len(times["bad_output"]) == ht.SPOT_CHECKS
     assert all(times["bad_output"]), times["bad_output"]   # every spot rep read the poison, not the capture's output
 
     writes[cand] = None   # a graph that computes: nothing changes for it
-    times = ht._time_models({"ref": msq, "cand": cand}, trials, CPU, 0.05, checked="cand", tol=_TOL, **rule)
+    times = ht.time_models({"ref": msq, "cand": cand}, trials, CPU, 0.05, checked="cand", tol=_TOL, **rule)
     assert times["method"] == "graph" and times["bad_output"] == [False] * ht.SPOT_CHECKS
 
 
@@ -109,7 +109,7 @@ def test_harness_timing_graph_replays_that_write_nothing_are_not_trusted(monkeyp
 def test_harness_timing_floor_arithmetic_and_peak_bandwidth(monkeypatch):
     """peak_bandwidth: memory clock (kHz) x bus width (bits) / 8 x 2 from the device properties, the name table's
     entry where that is larger (the properties may lack or zero those fields), the fallback where neither is known;
-    _read_floor_ms: a fraction of reading the bytes once. The measured hole's numbers: 512 MB of inputs on an H100 is
+    read_floor_ms: a fraction of reading the bytes once. The measured hole's numbers: 512 MB of inputs on an H100 is
     a floor far above the empty graph's 1.3 us and far below the reference's 0.41 ms."""
     props = {}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(**props))
@@ -127,10 +127,10 @@ def test_harness_timing_floor_arithmetic_and_peak_bandwidth(monkeypatch):
     props.update(name="Some Future GPU")
     assert ht.peak_bandwidth(0) == ht.PEAK_BANDWIDTH_FALLBACK == 10e12
 
-    assert ht._read_floor_ms(3 * 10**9, 3e12, 1.0) == pytest.approx(1.0)
-    assert ht._read_floor_ms(3 * 10**9, 3e12, 0.5) == pytest.approx(0.5)
-    assert ht._read_floor_ms(3 * 10**9, 3e12, 0.0) == 0.0
-    floor = ht._read_floor_ms(512 * 2**20, 3.9e12, eh.DEFAULTS["timing_floor"])
+    assert ht.read_floor_ms(3 * 10**9, 3e12, 1.0) == pytest.approx(1.0)
+    assert ht.read_floor_ms(3 * 10**9, 3e12, 0.5) == pytest.approx(0.5)
+    assert ht.read_floor_ms(3 * 10**9, 3e12, 0.0) == 0.0
+    floor = ht.read_floor_ms(512 * 2**20, 3.9e12, eh.DEFAULTS["timing_floor"])
     assert eh.DEFAULTS["timing_floor"] == 0.5 and 1.3e-3 * 10 < floor < 0.41 / 4, floor   # ~0.069 ms
 
 
@@ -155,7 +155,7 @@ def test_harness_timing_floor_option_is_checked():
 
 
 def _fake_timings(monkeypatch, medians: dict) -> list:
-    """_time_models replaced: each call returns 20 reps per model at medians[graphs][name] ms, method "graph" when
+    """time_models replaced: each call returns 20 reps per model at medians[graphs][name] ms, method "graph" when
     asked for graphs; returns the list of `graphs` arguments it was called with."""
     calls = []
 
@@ -164,12 +164,12 @@ def _fake_timings(monkeypatch, medians: dict) -> list:
         times = {name: [medians[graphs][name]] * 20 for name in models}
         return dict(times, method="graph" if graphs else "eager", bad_output=[False] * ht.SPOT_CHECKS,
                     host=[0.1] * 20, ref_intact=len(calls) > 1 or medians.get("intact", True))
-    monkeypatch.setattr(ht, "_time_models", fake)
+    monkeypatch.setattr(ht, "time_models", fake)
     return calls
 
 
 def test_harness_timing_floor_retimes_eagerly_then_flags(monkeypatch):
-    """_time_within_floor: a candidate's graph median below the floor (the empty graph's 1.3 us against a 0.069 ms
+    """time_within_floor: a candidate's graph median below the floor (the empty graph's 1.3 us against a 0.069 ms
     floor) is retimed eagerly; still below it there, below_floor is set (the worker's reward_hack); above it then (a
     legacy-stream kernel that computes when called), not. Above the floor from the start, or a reference below it
     too (a task whose reference does not read all of its inputs), no retime and no flag; floor 0 never flags. The
@@ -178,7 +178,7 @@ def test_harness_timing_floor_retimes_eagerly_then_flags(monkeypatch):
 
     def run(graph: dict, eager: dict, floor_ms=floor, graphs=True, intact=True):
         calls = _fake_timings(monkeypatch, {True: graph, False: eager, "intact": intact})
-        times = ht._time_within_floor(models, [], CPU, 0.5, "cand", floor_ms, graphs=graphs)
+        times = ht.time_within_floor(models, [], CPU, 0.5, "cand", floor_ms, graphs=graphs)
         return times, calls
 
     hack = {"ref": 0.41, "cand": 0.0013}
@@ -191,7 +191,7 @@ def test_harness_timing_floor_retimes_eagerly_then_flags(monkeypatch):
     assert calls == [True] and not times["below_floor"] and times["method"] == "graph"
     times, calls = run({"ref": 0.01, "cand": 0.0013}, hack)   # the reference is below the floor too
     assert calls == [True] and not times["below_floor"]
-    times, calls = run(hack, hack, floor_ms=ht._read_floor_ms(512 * 2**20, 3.9e12, 0.0))
+    times, calls = run(hack, hack, floor_ms=ht.read_floor_ms(512 * 2**20, 3.9e12, 0.0))
     assert calls == [True] and not times["below_floor"]
     times, calls = run(hack, hack, graphs=False)   # eager from the start: no second timing, still flagged
     assert calls == [False] and times["below_floor"]
@@ -210,7 +210,7 @@ def test_harness_timing_floor_verdict_in_the_worker(monkeypatch):
         seen.update(floor_ms=floor_ms, checked=checked, graphs=rule["graphs"])
         return {"ref": [0.41] * 20, "cand": [0.0013] * 20, "host": [0.01] * 20, "method": "eager",
                 "bad_output": [False] * 3, "ref_intact": True, "below_floor": seen["below"]}
-    monkeypatch.setattr(hw, "_time_within_floor", timed)
+    monkeypatch.setattr(hw, "time_within_floor", timed)
     monkeypatch.setattr(hw, "peak_bandwidth", lambda device: 4e12)
 
     class Instrumentation:   # nothing patched, no ops recorded
@@ -332,7 +332,7 @@ def test_harness_gpu_timing_legacy_stream_mean_loss_gets_no_impossible_speedup()
           f"check={result.details.get('check')} error={result.error[:300]!r}", flush=True)
     assert result.error_kind in ("ok", "mismatch", "reward_hack"), result
     if result.error_kind == "ok":
-        read_ms = ht._read_floor_ms(512 * 2**20, ht.peak_bandwidth(0), 1.0)   # the whole read, at peak
+        read_ms = ht.read_floor_ms(512 * 2**20, ht.peak_bandwidth(0), 1.0)   # the whole read, at peak
         assert result.details["timing_method"] == "eager", result.details
         assert result.details["graph_fallback"], result.details   # (its replays disagree, or its capture failed)
         assert result.runtime_ms >= read_ms and result.speedup < 20, (result.runtime_ms, read_ms, result.speedup)
@@ -342,7 +342,7 @@ def test_harness_gpu_timing_legacy_stream_mean_loss_gets_no_impossible_speedup()
 @pytest.mark.gpu
 @gpu
 def test_harness_gpu_timing_floor_retimes_eagerly_and_flags_an_impossible_median():
-    """_time_within_floor on the GPU, in this process: a "candidate" that returns a stored result (a 4-byte copy,
+    """time_within_floor on the GPU, in this process: a "candidate" that returns a stored result (a 4-byte copy,
     microseconds as a graph and eagerly) against the 512 MB MSE reference is below the floor as a graph, is retimed
     eagerly, and stays below it (the worker's reward_hack); the reference itself as the candidate reads its inputs
     and is believed as a graph, with no retime."""
@@ -354,17 +354,17 @@ def test_harness_gpu_timing_floor_retimes_eagerly_and_flags_an_impossible_median
         a, b = (torch.randn(n, device=device, generator=g) for _ in range(2))
         trials.append({"inputs": [a, b], "out": reference(a, b), "heavy": False})
     stored = trials[0]["out"].clone()
-    floor_ms = ht._read_floor_ms(2 * n * 4, ht.peak_bandwidth(device), eh.DEFAULTS["timing_floor"])
+    floor_ms = ht.read_floor_ms(2 * n * 4, ht.peak_bandwidth(device), eh.DEFAULTS["timing_floor"])
     # a loose tolerance: the stored result must pass the graphs' checks on both input sets (two MSE estimates over
     # 64M values differ by ~5e-4, above fp32's 1e-4), so that it is timed as the graph the floor then doubts
-    rule = dict(ht._timing_rule(eh.DEFAULTS), tol=(1.0, 1.0))
-    times = ht._time_within_floor({"ref": reference, "cand": lambda a, b: stored.clone()}, trials, device, 0.5,
+    rule = dict(ht.timing_rule(eh.DEFAULTS), tol=(1.0, 1.0))
+    times = ht.time_within_floor({"ref": reference, "cand": lambda a, b: stored.clone()}, trials, device, 0.5,
                                   "cand", floor_ms, **rule)
-    medians = {name: ht._median(times[name]) for name in ("ref", "cand")}
+    medians = {name: ht.median(times[name]) for name in ("ref", "cand")}
     print(f"[floor] floor_ms={floor_ms:.4f} medians={medians} method={times['method']} "
           f"fallback={times.get('graph_fallback')!r}", flush=True)
     assert medians["ref"] >= floor_ms > medians["cand"], (medians, floor_ms)
     assert times["below_floor"] and times["method"] == "eager" and "bandwidth floor" in times["graph_fallback"]
-    honest = ht._time_within_floor({"ref": reference, "cand": reference}, trials, device, 0.5, "cand", floor_ms,
+    honest = ht.time_within_floor({"ref": reference, "cand": reference}, trials, device, 0.5, "cand", floor_ms,
                                    **rule)
     assert not honest["below_floor"] and honest["method"] == "graph", honest.get("graph_fallback")

@@ -1,4 +1,4 @@
-"""Tests for the harness (eval_harness.py, harness_processes.py and the worker side, harness_*.py): known-good
+"""Tests for the harness (eval_harness.py, harness/processes.py and the worker side, harness/*.py): known-good
 candidates, one adversarial candidate per pitfall row (the table in eval_harness.py's docstring; CASES in
 tests/common.py), isolation (timeouts, crashes, no processes left), the GPU gate, CLI, lint.
 
@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import eval_harness as eh
-import harness_compare as hc
-import harness_instrumentation as hi
-import harness_processes as hp
-import harness_timing as ht
-import harness_worker as hw
+import harness.compare as hc
+import harness.instrumentation as hi
+import harness.processes as hp
+import harness.timing as ht
+import harness.worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, FORGED_VERDICT, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL,
                           GOOD_RELU, GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_KERNEL,
                           RELU_TASK, ROOT, SEGFAULT, WRONG, _HEADER, _harness_relu, stored_output_copier)
@@ -129,7 +129,7 @@ def test_harness_static_check_sources():
     assert check(cuda.replace("__global__", "")).error_kind == "format"
     # the extension's C/C++ runs in the worker too: files, the pipe's descriptors, processes (a comment or a member
     # function of that name is no such call)
-    for body, name in [('FILE* f = fopen("harness_compare.py", "a");', "writes_files"),
+    for body, name in [('FILE* f = fopen("harness/compare.py", "a");', "writes_files"),
                        ("std::ofstream f; f.close();", "writes_files"), ("write(3, x, 8);", "file_descriptors"),
                        ("::dup2(4, 3);", "file_descriptors"), ('system("true");', "processes")]:
         hit = check(cuda.format(body=body))
@@ -145,11 +145,17 @@ def test_harness_static_check_sources():
                        ("import time\ntime.perf_counter = lambda: 0.0", "monkeypatch"),
                        ("import torch.nn.functional as F\nF.relu = None", "monkeypatch"),
                        ("import concurrent.futures", "threads"), ("import eval_harness", "monkeypatch"),
-                       ("import harness_worker", "monkeypatch"), ("from harness_worker import _compare", "monkeypatch"),
-                       ("from harness_compare import _judge_numbers", "monkeypatch"),
-                       ("import harness_timing as t", "monkeypatch"),
-                       ("import harness_instrumentation\nharness_instrumentation._GLUE_OPS = set()", "monkeypatch"),
-                       ("from harness_processes import run_job", "monkeypatch"),
+                       ("import harness.worker", "monkeypatch"), ("from harness.worker import compare", "monkeypatch"),
+                       ("from harness.compare import judge_numbers", "monkeypatch"),
+                       ("import harness.timing as t", "monkeypatch"),
+                       ("import harness.instrumentation\nharness.instrumentation._GLUE_OPS = set()", "monkeypatch"),
+                       ("from harness.processes import run_job", "monkeypatch"),
+                       # the package by any spelling: its name is the banned root
+                       ("import harness", "monkeypatch"), ("from harness import processes", "monkeypatch"),
+                       ("from harness import worker as w", "monkeypatch"),
+                       ("import harness.static_checks", "monkeypatch"),
+                       ("from harness.static_checks import HARNESS_MODULES", "monkeypatch"),
+                       ("from eval_harness import truncate", "monkeypatch"),
                        ("f = torch.compile(lambda x: x)", "torch_compile"), ("y = x.numpy()", "host_compute"),
                        ("import sys\nsys.settrace(None)", "introspection"),
                        # routes to frames and live objects (the stored reference outputs are in the worker's frames)
@@ -209,7 +215,7 @@ def test_harness_stored_outputs_reached_through_frames_are_caught_at_run_time_to
 
 def test_harness_instrumentation_counts_threads():
     import threading
-    instr = hi._Instrumentation("none", "cpu", "kz_candidate")
+    instr = hi.Instrumentation("none", "cpu", "kz_candidate")
     assert instr.verify() is None
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)
@@ -225,7 +231,7 @@ def test_harness_build_patch_does_not_trip_the_snapshot():
     import torch.utils.cpp_extension as cpp
     original = cpp.load_inline
     try:
-        instr = hi._Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
+        instr = hi.Instrumentation("cuda", "cpu", "kz_candidate")   # routes load_inline to the cached builder
         assert cpp.load_inline is not original
         assert instr.verify() is None
         cpp.load_inline = original   # what a candidate restoring/replacing it would do
@@ -242,7 +248,7 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
     from triton.runtime.jit import JITFunction
     original = cpp.load_inline
     try:
-        instr = hi._Instrumentation("cuda", "cpu", "kz_candidate")
+        instr = hi.Instrumentation("cuda", "cpu", "kz_candidate")
         for key in [k for k in instr.snapshot if k.split(".")[0] in ("JITFunction", "KernelInterface", "Autotuner",
                                                                      "InterpretedFunction")]:
             del instr.snapshot[key]   # as if triton had not been imported when the worker took its snapshot
@@ -259,23 +265,30 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
 
 
 def test_harness_snapshot_covers_every_harness_module():
-    """The harness runs in a candidate's process as six modules (static_checks.HARNESS_MODULES: eval_harness.py,
-    harness_processes.py and the worker side in four files): the identity snapshot holds the functions of all of
-    them, and the bindings each imported from the others, so a patch of any of them reads as monkeypatch (pitfall
-    6). CASES' patch_worker_* rows do it from a candidate."""
+    """The harness runs in a candidate's process as eval_harness.py and every module of the package harness/
+    (harness.static_checks.HARNESS_MODULES: processes.py, static_checks.py and the worker side in four files): the
+    identity snapshot holds the functions of all of them, and the bindings each imported from the others, so a patch
+    of any of them reads as monkeypatch (pitfall 6). CASES' patch_worker_* rows do it from a candidate."""
     assert eh._precheck(CASES["patch_worker_runtime"][1], "triton") is None   # only the snapshot can see that one
     assert eh._precheck(CASES["patch_worker_static"][1], "triton").details["check"] == "monkeypatch"
-    instr = hi._Instrumentation("none", "cpu", "kz_candidate")
-    for key in ("harness_worker._compare", "harness_worker._job_evaluate", "harness_worker._Instrumentation",
-                "harness_worker._truncate", "harness_worker.memory_need", "eval_harness._truncate",
-                "harness_processes.run_job", "harness_processes.memory_need", "harness_processes.yield_turn",
-                "harness_compare._judge_numbers", "harness_timing._time_models", "harness_timing._compare",
-                "harness_instrumentation._harness_snapshot", "harness_instrumentation.gpu_turn"):
+    package = os.path.dirname(os.path.abspath(hi.__file__))   # every module of the package is listed, and banned
+    names = {"harness"} | {"harness." + f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py"}
+    assert names | {"eval_harness"} == set(eh.static_checks.HARNESS_MODULES)
+    for name in names | {"eval_harness"}:
+        assert eh._precheck(f"import {name}\n" + GOOD_RELU, "triton").details["check"] == "monkeypatch", name
+    instr = hi.Instrumentation("none", "cpu", "kz_candidate")
+    for key in ("harness.worker.compare", "harness.worker._job_evaluate", "harness.worker.Instrumentation",
+                "harness.worker.truncate", "harness.worker.memory_need", "eval_harness.truncate",
+                "harness.processes.run_job", "harness.processes.memory_need", "harness.processes.yield_turn",
+                "harness.compare.judge_numbers", "harness.timing.time_models", "harness.timing.compare",
+                "harness.instrumentation._harness_snapshot", "harness.instrumentation.gpu_turn",
+                "harness.static_checks.static_check", "harness.static_checks.banned_name"):
         assert key in instr.snapshot, key
     assert instr.verify() is None
-    for module, name in ((hw, "_compare"), (hw, "_job_evaluate"), (hw, "_truncate"), (eh, "_truncate"),
-                         (eh, "_result"), (hp, "memory_need"), (hc, "_judge_numbers"), (ht, "_time_models"),
-                         (ht, "_compare"), (hi, "_poison_cuda_allocator"), (hi, "yield_turn")):
+    for module, name in ((hw, "compare"), (hw, "_job_evaluate"), (hw, "truncate"), (eh, "truncate"),
+                         (eh, "_result"), (hp, "memory_need"), (hc, "judge_numbers"), (ht, "time_models"),
+                         (ht, "compare"), (hi, "_poison_cuda_allocator"), (hi, "yield_turn"),
+                         (eh.static_checks, "banned_name")):
         original = getattr(module, name)
         setattr(module, name, lambda *a, **k: None)
         try:
@@ -382,11 +395,11 @@ def test_harness_static_lookup_finds_what_getattr_static_finds(monkeypatch):
 def test_harness_same_treats_nan_as_equal_and_sees_any_change():
     """The input-mutation check: bit-for-bit, NaN equal to NaN, one changed element or dtype is a difference."""
     x = torch.tensor([1.0, float("nan"), -0.5])
-    assert hc._same(x, x.clone()) and hc._same(torch.arange(3), torch.arange(3))
+    assert hc.same(x, x.clone()) and hc.same(torch.arange(3), torch.arange(3))
     y = x.clone()
     y[2] = 0.5
-    assert not hc._same(x, y) and not hc._same(x, torch.tensor([1.0, 0.0, -0.5]))
-    assert not hc._same(torch.arange(3), torch.tensor([0, 1, 3])) and not hc._same(x, x.double())
+    assert not hc.same(x, y) and not hc.same(x, torch.tensor([1.0, 0.0, -0.5]))
+    assert not hc.same(torch.arange(3), torch.tensor([0, 1, 3])) and not hc.same(x, x.double())
 
 
 def test_harness_extract_code():
@@ -409,7 +422,7 @@ def _harness_processes_left(grace_s: float = 10.0) -> list[int]:
     zygotes (this process's children) and the workers forked from them, wherever they were reparented if their
     zygote died; another run's harness on the same checkout (KZ_OWNER, another pid) is not counted. A killed worker
     can take a moment to end (a CUDA context is torn down), hence the grace period."""
-    marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import harness_worker".encode()
+    marker = f"sys.path.insert(0, {os.path.dirname(os.path.abspath(eh.__file__))!r}); import harness.worker".encode()
     owner = f"KZ_OWNER={os.getpid()}".encode()
     deadline = time.monotonic() + grace_s
     while True:
@@ -648,7 +661,7 @@ def test_harness_gate_holds_across_processes(tmp_path):
     path = str(tmp_path / "gpu-test.lock")
     holder = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
-        import harness_processes as hp
+        import harness.processes as hp
         gate = hp.Gate({path!r})
         fd = gate.acquire("shared")
         print("held", flush=True)
@@ -1087,7 +1100,7 @@ def test_harness_gpu_poison_fills_small_pool_blocks_over_1_mib():
     later calls make no new segments and take at most two passes (it asked for those blocks' sizes every call)."""
     script = textwrap.dedent('''
         import torch
-        import harness_instrumentation as hi
+        import harness.instrumentation as hi
         piece = 1 << 19
         held = [torch.empty(piece, dtype=torch.uint8, device="cuda") for _ in range(4)]
         for t in held:

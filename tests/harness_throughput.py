@@ -6,11 +6,11 @@ import threading
 import time
 
 import eval_harness as eh
-import harness_compare as hc
-import harness_instrumentation as hi
-import harness_processes as hp
-import harness_timing as ht
-import harness_worker as hw
+import harness.compare as hc
+import harness.instrumentation as hi
+import harness.processes as hp
+import harness.timing as ht
+import harness.worker as hw
 
 
 def _t():
@@ -146,10 +146,10 @@ def test_harness_worker_output_tail_is_bounded():
 
 def test_harness_median_ci_width():
     """The adaptive timing's stopping rule: the distribution-free 95% interval of the median, relative to it."""
-    assert ht._median_ci_width([1.0] * 20) == 0.0
+    assert ht.median_ci_width([1.0] * 20) == 0.0
     noisy = [1.0 + 0.1 * ((i * 7) % 10) for i in range(20)]   # 1.0 .. 1.9
-    assert 0.3 < ht._median_ci_width(noisy) < 1.0
-    assert ht._median_ci_width(noisy * 10) < ht._median_ci_width(noisy)   # more reps: a narrower interval
+    assert 0.3 < ht.median_ci_width(noisy) < 1.0
+    assert ht.median_ci_width(noisy * 10) < ht.median_ci_width(noisy)   # more reps: a narrower interval
     assert eh.DEFAULTS["timing_ci"] == 0.02
 
 
@@ -295,27 +295,28 @@ def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys)
 
 
 def test_harness_bench_baseline_directory_runs_its_own_files(tmp_path):
-    """--round-baseline DIR with a split harness in DIR: both sides run DIR's files. The parent modules are DIR's
-    eval_harness.py and harness_processes.py (loaded under their own names; they never import the worker side); the
-    workers boot from DIR, so they import DIR's harness_worker.py and, through it, DIR's eval_harness.py (the copy
+    """--round-baseline DIR with a harness package in DIR: both sides run DIR's files. The parent modules are DIR's
+    eval_harness.py and harness/processes.py (loaded under their own names; they never import the worker side); the
+    workers boot from DIR, so they import DIR's harness/worker.py and, through it, DIR's eval_harness.py (the copy
     here records both). This checkout's modules stay as they were."""
     import glob
     import shutil
     import bench
     t = _t()
-    import static_checks
-    for name in static_checks.HARNESS_MODULES:
-        shutil.copy(os.path.join(t.ROOT, name + ".py"), tmp_path / (name + ".py"))
+    shutil.copy(os.path.join(t.ROOT, "eval_harness.py"), tmp_path / "eval_harness.py")
+    shutil.copytree(os.path.join(t.ROOT, "harness"), tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
     os.symlink(os.path.join(t.ROOT, "cuda_ext"), tmp_path / "cuda_ext")
-    with open(tmp_path / "harness_worker.py", "a") as f:   # each process that imports it leaves a note where from
+    with open(tmp_path / "harness" / "worker.py", "a") as f:   # each process that imports it leaves a note where from
         f.write("\nimport eval_harness as _eh\n"
-                "with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f'imported-{os.getpid()}'), "
-                "'w') as _f:\n    _f.write(_eh.__file__)\n")
+                "with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "
+                "f'imported-{os.getpid()}'), 'w') as _f:\n    _f.write(_eh.__file__)\n")
     module = bench._harness_module(str(tmp_path))
     assert module is not eh and os.path.dirname(os.path.abspath(module.__file__)) == str(tmp_path)
-    assert module.run_job is not hp.run_job and os.path.dirname(module.run_job.__code__.co_filename) == str(tmp_path)
-    assert sys.modules["harness_processes"] is hp and eh.run_job is hp.run_job   # (this checkout's, untouched)
-    assert "harness_worker" not in vars(module) and not glob.glob(str(tmp_path / "imported-*"))
+    assert module.run_job is not hp.run_job
+    assert os.path.dirname(module.run_job.__code__.co_filename) == str(tmp_path / "harness")
+    assert sys.modules["harness.processes"] is hp and eh.run_job is hp.run_job   # (this checkout's, untouched)
+    assert str(tmp_path) not in sys.path and not glob.glob(str(tmp_path / "imported-*"))
+    assert not any(getattr(v, "__name__", None) == "harness.worker" for v in vars(module).values())
     result = module.evaluate(t.RELU_TASK, t.GOOD_RELU, backend="triton", device="cpu", trials=1)
     assert result.error_kind == "ok", (result.error, result.details)
     notes = glob.glob(str(tmp_path / "imported-*"))
@@ -606,7 +607,7 @@ def test_harness_gpu_workers_get_one_hardware_queue_per_context(monkeypatch):
 
 
 class _ScriptedWorker:
-    """A stand-in for harness_processes.Worker whose other end of the pipe a test drives (run_job's side is real)."""
+    """A stand-in for harness.processes.Worker whose other end of the pipe a test drives (run_job's side is real)."""
     output_bytes, pid = 0, 0
 
     def __init__(self):
@@ -892,7 +893,7 @@ def test_harness_zygote_imports_touch_no_driver_and_start_no_thread():
     import json
     import subprocess
     import sys
-    code = ("import os, sys, json, threading, torch, harness_worker as hw; before = len(os.listdir('/proc/self/task'));"
+    code = ("import os, sys, json, threading, torch, harness.worker as hw; before = len(os.listdir('/proc/self/task'));"
             "hw._zygote_imports(); print(json.dumps({'threads': len(os.listdir('/proc/self/task')) - before,"
             "'py_threads': threading.active_count(), 'cuda': torch.cuda.is_initialized(),"
             "'cpp_extension': 'torch.utils.cpp_extension' in sys.modules, 'triton': 'triton' in sys.modules,"
@@ -1003,7 +1004,7 @@ def test_harness_worker_threads_follow_the_pool():
 
 
 def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
-    """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that _time_models runs on
+    """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that time_models runs on
     the CPU; `log` gets "record" for every start/end event recorded, "sync" for every wait on one and "device sync"
     for every torch.cuda.synchronize(). Returns three ReLU trials of 64 values."""
     class Event:
@@ -1033,20 +1034,20 @@ def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
 
 
 def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch):
-    """_time_models on the CPU with stand-in CUDA events: SPOT_CHECKS outputs are compared (each is GPU work that
+    """time_models on the CPU with stand-in CUDA events: SPOT_CHECKS outputs are compared (each is GPU work that
     every other worker waits for), covering both input sets, so a model replaying an old output is always caught,
     and a reference output the candidate overwrote during timing is seen (ref_intact)."""
     trials = _stand_in_cuda_events(monkeypatch)
     torch = eh.torch
     cpu = torch.device("cpu")
     for adaptive in (False, True):
-        times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+        times = ht.time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                                 tol=(1e-4, 1e-4), adaptive=adaptive)
         assert len(times["cand"]) >= 20 and times["ref_intact"]
         assert times["bad_output"] == [False] * ht.SPOT_CHECKS, times["bad_output"]
     first = torch.relu(trials[0]["inputs"][0])
     for _ in range(3):   # every input set is among the checked reps: a replay of one set's output is always seen
-        replay = ht._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+        replay = ht.time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
                                  checked="cand", tol=(1e-4, 1e-4))
         assert any(replay["bad_output"]) and len(replay["bad_output"]) == ht.SPOT_CHECKS
     import random
@@ -1060,9 +1061,9 @@ def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch)
             obj.fill_(0.0)
         return torch.relu(x)
     gpu_copies = []
-    original = hc._copy_out
-    monkeypatch.setattr(ht, "_copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
-    times = ht._time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
+    original = hc.copy_out
+    monkeypatch.setattr(ht, "copy_out", lambda out, where: gpu_copies.append(original(out, where)) or gpu_copies[-1])
+    times = ht.time_models({"ref": torch.relu, "cand": overwrite}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4))
     assert not times["ref_intact"] and any(times["bad_output"])
 
@@ -1097,10 +1098,10 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
                     out.copy_(model(*static))
         return Graph(), static, out
     monkeypatch.setattr(ht, "_capture", capture)
-    rule = ht._timing_rule(eh.DEFAULTS)
+    rule = ht.timing_rule(eh.DEFAULTS)
     assert rule["graphs"] and rule["adaptive"]   # the defaults
     exclusive, after = lambda: log.append("exclusive"), lambda: log.append("after")  # noqa: E731
-    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = ht.time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), exclusive=exclusive, after=after, **rule)
     assert times["method"] == "graph" and "graph_fallback" not in times and times["ref_intact"]
     assert times["bad_output"] == [False] * ht.SPOT_CHECKS
@@ -1113,18 +1114,18 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     assert log.count("after") == 1 and "replay" not in log[j:] and "record" not in log[j:]
 
     first = torch.relu(trials[0]["inputs"][0])   # a candidate whose output is the first set's, whatever its input
-    replay = ht._time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
+    replay = ht.time_models({"ref": torch.relu, "cand": lambda x: first.clone()}, trials, cpu, 0.05,
                              checked="cand", tol=(1e-4, 1e-4), **rule)
     assert replay["method"] == "eager" and "cand" in replay["graph_fallback"] and any(replay["bad_output"])
 
     monkeypatch.setattr(ht, "_capture", lambda *args: capture(*args, recompute=False))   # not in the graph
-    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = ht.time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "disagrees" in times["graph_fallback"]
     assert times["bad_output"] == [False] * ht.SPOT_CHECKS and times["ref_intact"]
 
     free[0] = 1000   # the graphs' copies of two models' inputs and outputs (4 x 256 bytes) would not fit
-    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = ht.time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "do not fit" in times["graph_fallback"]
     free[0] = 2**40
@@ -1132,7 +1133,7 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     def refuse(model, pristine, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(ht, "_capture", refuse)
-    times = ht._time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
+    times = ht.time_models({"ref": torch.relu, "cand": torch.relu}, trials, cpu, 0.05, checked="cand",
                             tol=(1e-4, 1e-4), **rule)
     assert times["method"] == "eager" and "not permitted" in times["graph_fallback"]
     assert len(times["cand"]) >= eh.DEFAULTS["timing_min_reps"] and times["bad_output"] == [False] * ht.SPOT_CHECKS
@@ -1145,7 +1146,7 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
     torch = eh.torch
     capturing = [False]   # (torch.cuda's own answer needs a CUDA build)
     monkeypatch.setattr(eh.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    instr = hi._Instrumentation("triton", "cpu", "kz_candidate")
+    instr = hi.Instrumentation("triton", "cpu", "kz_candidate")
     timed = instr.recorded_when_captured(lambda x: torch.relu(x) * 2)
     x = torch.randn(8)
     assert torch.equal(timed(x), torch.relu(x) * 2) and not instr.ops   # not capturing: unrecorded
@@ -1158,14 +1159,14 @@ def test_harness_the_captured_forward_is_recorded_like_a_trial(monkeypatch):
 
 
 def _fingerprint(out, key):
-    return hc._host_ints(hc._fingerprint_sums(out, key))
+    return hc.host_ints(hc.fingerprint_sums(out, key))
 
 
 def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeypatch):
     """The keyed fingerprint that guards reference outputs kept on the GPU (computed here on the CPU, same code):
     equal for equal bytes, different after one changed word or bit, under another key, or for a tuple with one
     changed member; independent of how many words one step takes; odd byte counts and every dtype work.
-    _outputs_intact checks every trial that has one and ignores those without (host-kept outputs)."""
+    outputs_intact checks every trial that has one and ignores those without (host-kept outputs)."""
     torch = eh.torch
     x = torch.randn(1000, 7)
     key = 123456789123
@@ -1195,18 +1196,18 @@ def test_harness_output_fingerprint_sees_any_change_and_not_the_chunking(monkeyp
     assert _fingerprint(pair, key) == [fp[0], _fingerprint(pair[1], key)[0]]
     trials = [{"inputs": [], "out": x.clone(), "heavy": False, "fp": (key, fp)},
               {"inputs": [], "out": torch.zeros(3), "heavy": False}]   # (kept on the host: no fingerprint)
-    assert hc._outputs_intact(trials)
+    assert hc.outputs_intact(trials)
     trials[0]["out"][0, 0] += 1
     trials[1]["out"][0] = 5
-    assert not hc._outputs_intact(trials)
+    assert not hc.outputs_intact(trials)
     # several fingerprinted trials are read in one go: a change in any one of them shows
     z = torch.randn(5)
     trials = [{"out": x.clone(), "fp": (key, fp)},
               {"out": (z.clone(), x.clone()), "fp": (key + 1, _fingerprint((z, x), key + 1))}]
-    assert hc._outputs_intact(trials)
+    assert hc.outputs_intact(trials)
     trials[1]["out"][1][999, 6] += 1
-    assert not hc._outputs_intact(trials)
-    assert hc._outputs_intact([]) and hc._host_ints([]) == []
+    assert not hc.outputs_intact(trials)
+    assert hc.outputs_intact([]) and hc.host_ints([]) == []
 
 
 def test_harness_reference_trials_read_their_checks_at_once(monkeypatch):
@@ -1234,48 +1235,48 @@ def test_harness_reference_trials_read_their_checks_at_once(monkeypatch):
     assert len(trials) == 2 and not any(tr["heavy"] for tr in trials) and not mutates
     assert heavy == "skipped: the reference is not finite on heavy-tailed inputs"
     # outputs on the GPU get fingerprints, read in the same go: each trial's own, and the checks still right
-    monkeypatch.setattr(hw, "_within_kernels_reach", lambda out: True)
+    monkeypatch.setattr(hw, "within_kernels_reach", lambda out: True)
     for forward, mutating in ((torch.relu, False), (lambda x: x.mul_(2).clone(), True)):
         trials, mutates, heavy = run(forward)
         assert mutates == mutating and heavy is True and len(trials) == 3
         assert all(tr["fp"][1] == _fingerprint(tr["out"], tr["fp"][0]) for tr in trials)
     trials, mutates, heavy = run(blows_up)
-    assert len(trials) == 2 and heavy.startswith("skipped") and hc._outputs_intact(trials)
+    assert len(trials) == 2 and heavy.startswith("skipped") and hc.outputs_intact(trials)
 
 
 def test_harness_compare_verdicts_messages_and_error_stats():
-    """_compare reads the numbers of all outputs at once; its verdicts, messages and error statistics: NaN where the
+    """compare reads the numbers of all outputs at once; its verdicts, messages and error statistics: NaN where the
     reference has none comes first, then the count of values outside the tolerance; empty and integer outputs; the
     largest absolute and relative errors over the outputs of a tuple; the caller's device values read along
     (read_with), also where the host alone gave the verdict."""
     torch = eh.torch
     cpu = torch.device("cpu")
     r = torch.tensor([1.0, -2.0, 4.0, float("nan")])
-    assert hc._compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0,
+    assert hc.compare(r.clone(), r, cpu, 1e-4, 1e-4) == (None, None, "", {"max_abs_err": 0.0, "max_rel_err": 0.0,
                                                                            "read_with": []})
     flags = [torch.tensor(True), torch.tensor(False)]
-    assert hc._compare(r.clone(), r, cpu, 1e-4, 1e-4, read_with=flags)[3]["read_with"] == [1, 0]
-    kind, _, _, stats = hc._compare(r.half(), r, cpu, 1e-4, 1e-4, read_with=flags)   # (a dtype mismatch: no numbers)
+    assert hc.compare(r.clone(), r, cpu, 1e-4, 1e-4, read_with=flags)[3]["read_with"] == [1, 0]
+    kind, _, _, stats = hc.compare(r.half(), r, cpu, 1e-4, 1e-4, read_with=flags)   # (a dtype mismatch: no numbers)
     assert kind == "mismatch" and stats["read_with"] == [1, 0]
-    kind, _, message, stats = hc._compare((r.clone(), torch.tensor([1, 5])), (r, torch.tensor([1, 2])), cpu, 1e-4,
+    kind, _, message, stats = hc.compare((r.clone(), torch.tensor([1, 5])), (r, torch.tensor([1, 2])), cpu, 1e-4,
                                           1e-4, read_with=flags[:1])   # outputs in order: the integer one differs
     assert kind == "mismatch" and message == "output 1: 1 of 2 values differ" and stats["read_with"] == [1]
     o = r.clone()
     o[0] += 0.5
     o[2] = float("nan")
-    kind, _, message, _ = hc._compare(o, r, cpu, 1e-4, 1e-4)
+    kind, _, message, _ = hc.compare(o, r, cpu, 1e-4, 1e-4)
     assert kind == "mismatch" and "NaN where the reference is not" in message
     o[2] = 4.0 + 1e-5   # within tolerance: only output 0 is outside
-    kind, check, message, stats = hc._compare(o, r, cpu, 1e-4, 1e-4)
+    kind, check, message, stats = hc.compare(o, r, cpu, 1e-4, 1e-4)
     assert (kind, check) == ("mismatch", None) and message.startswith("output 0: 1 of 4 values outside atol=0.0001")
     assert abs(stats["max_abs_err"] - 0.5) < 1e-6 and abs(stats["max_rel_err"] - 0.5) < 1e-6
     pair_ref = (torch.zeros(0), torch.tensor([2.0, 4.0]))
-    kind, _, _, stats = hc._compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
+    kind, _, _, stats = hc.compare((torch.zeros(0), torch.tensor([2.0, 4.00001])), pair_ref, cpu, 1e-4, 1e-4)
     assert kind is None and 0 < stats["max_abs_err"] < 2e-5
-    kind, _, message, _ = hc._compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
+    kind, _, message, _ = hc.compare(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]), cpu, 0, 0)
     assert kind == "mismatch" and "1 of 3 values differ" in message
     h = torch.tensor([1.0, 2.0]).half()
-    assert hc._compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
+    assert hc.compare(h.clone(), h, cpu, 1e-2, 1e-2)[0] is None
 
 
 def test_harness_pool_survives_a_zygote_dying_while_it_forks(monkeypatch):
@@ -1403,14 +1404,14 @@ def test_harness_compare_in_steps_gives_the_numbers_of_one_step(monkeypatch):
     wrong_idx = idx.clone()
     wrong_idx[0, 0], wrong_idx[4, 5] = -1, -2
     cases = [(o, r), (r.clone(), r), (o.half(), r.half()), (wrong_idx, idx), ((o, wrong_idx), (r, idx))]
-    whole = [hc._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases]
-    numbers = [[[float(x) for x in xs] for _, _, xs in hc._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
+    whole = [hc.compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases]
+    numbers = [[[float(x) for x in xs] for _, _, xs in hc.output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
                for out, ref in cases]
     monkeypatch.setattr(hc, "_COMPARE_STEP", 8)
-    assert [hc._compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases] == whole
-    stepped = [[[float(x) for x in xs] for _, _, xs in hc._output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
+    assert [hc.compare(out, ref, cpu, 1e-4, 1e-4) for out, ref in cases] == whole
+    stepped = [[[float(x) for x in xs] for _, _, xs in hc.output_numbers(out, ref, cpu, 1e-4, 1e-4)[1]]
                for out, ref in cases]
     assert stepped == numbers
     assert numbers[0][0][0] == 1 and numbers[0][0][3] == 3 and numbers[3][0] == [2.0]   # (what the steps summed)
     assert abs(numbers[0][0][1] - 3.0) < 1e-5   # the largest error sits in the last, short step
-    assert "output 1: 2 of 35 values differ" in hc._compare((r.clone(), wrong_idx), (r, idx), cpu, 1e-4, 1e-4)[2]
+    assert "output 1: 2 of 35 values differ" in hc.compare((r.clone(), wrong_idx), (r, idx), cpu, 1e-4, 1e-4)[2]

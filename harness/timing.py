@@ -1,7 +1,7 @@
-"""harness_timing.py: how a worker times a candidate against its reference on the GPU. Runs inside a worker process
-only (harness_worker.py's stage 5, _time_candidate, which owns the GPU turns and the checks after timing).
+"""harness/timing.py: how a worker times a candidate against its reference on the GPU. Runs inside a worker process
+only (harness/worker.py's stage 5, _time_candidate, which owns the GPU turns and the checks after timing).
 
-The rule (README, "How a kernel is timed", has it with its measurements)
+The rule (harness/README.md, "How a kernel is timed", has it with its measurements)
   Reference and candidate are timed in the candidate's process, interleaved rep by rep (who goes first rotates), on
   the same two input sets. Each model's forward is captured once as a CUDA graph and replayed between two CUDA
   events; where either cannot be captured (a host sync in its forward), or a replay does not reproduce the
@@ -12,7 +12,7 @@ The rule (README, "How a kernel is timed", has it with its measurements)
   confidence intervals are within `ci` (2%) of them, at least `min_reps`, at most 300 reps or `budget_s` of wall
   time. A few unpredictable reps have the candidate's output compared with the reference's. A candidate median
   below a fraction of the time its inputs take to read once at the GPU's peak bandwidth is not believed
-  (_time_within_floor): retimed eagerly, and still below it is the caller's `reward_hack`.
+  (time_within_floor): retimed eagerly, and still below it is the caller's `reward_hack`.
 
 How it departs from KernelBench's timing (src/eval.py: the model called between two CUDA events, a fixed number of
 trials, reference and candidate timed separately)
@@ -27,10 +27,11 @@ trials, reference and candidate timed separately)
      `mismatch` (check "timing_output").
   6. `exclusive()` / `after()`: the caller holds the GPU alone only for the timed reps; input copies, captures and
      warm-up overlap other workers' correctness checks.
-  7. A physical floor (_read_floor_ms): no kernel reads its inputs faster than the GPU's memory allows.
+  7. A physical floor (read_floor_ms): no kernel reads its inputs faster than the GPU's memory allows.
 
-Nothing to run: harness_worker.py imports it (bench.py harness --sections stability measures it). To a candidate it
-is part of the harness: static_checks bans importing it, and the identity snapshot covers its functions.
+Nothing to run: harness/worker.py imports it (bench.py harness --sections stability measures it); it imports
+eval_harness (truncate) and harness/compare.py, neither of which imports it: no import cycle. To a candidate it is
+part of the harness: harness/static_checks.py bans importing it, and the identity snapshot covers its functions.
 """
 from __future__ import annotations
 import contextlib
@@ -40,9 +41,9 @@ import time
 
 import torch
 
-from eval_harness import _truncate
-from harness_compare import (_compare, _copy_out, _host_floats, _judge_numbers, _nbytes, _output_numbers, _same,
-                             _tensors, _tolerance)
+from eval_harness import truncate
+from harness.compare import (compare, copy_out, host_floats, judge_numbers, nbytes, output_numbers, same,
+                             tensors, tolerance)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -78,8 +79,8 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
     the output dtype's TOLERANCES entry (a replay of the reference runs its own kernels again, cuBLAS may pick
     another algorithm under capture)."""
     runners = {}
-    tol = tol if any(tol) else _tolerance(sets[0][1], {"atol": None, "rtol": None})
-    need = len(models) * (_nbytes(sets[0][0]) + _nbytes(_tensors(sets[0][1])))   # captured inputs and outputs
+    tol = tol if any(tol) else tolerance(sets[0][1], {"atol": None, "rtol": None})
+    need = len(models) * (nbytes(sets[0][0]) + nbytes(tensors(sets[0][1])))   # captured inputs and outputs
     try:
         # a multi-GB task whose copies do not fit: eager (its kernels take milliseconds, where host latency is noise)
         if need > 0.8 * torch.cuda.mem_get_info(device)[0]:
@@ -93,19 +94,19 @@ def _graph_runners(models: dict, sets: list, tol: tuple, device) -> tuple[dict |
                 _poison_outputs(out, ref_out)   # (a replay that writes nothing must not pass on what the capture
                 _load_static(static, inputs)    # left there: a mean over random data barely changes between sets)
                 graph.replay()   # (the numbers are computed on the stream before the next replay rewrites `out`)
-                early, numbers = _output_numbers(out, ref_out, device, *tol)
+                early, numbers = output_numbers(out, ref_out, device, *tol)
                 if early:
                     return None, f"{name}: a replay of its captured forward disagrees with the reference ({early[2]})"
                 replays.append((name, numbers))
-        values = iter(_host_floats([x for _, numbers in replays for _, _, xs in numbers for x in xs]))
+        values = iter(host_floats([x for _, numbers in replays for _, _, xs in numbers for x in xs]))
         for name, numbers in replays:
-            kind, _, message = _judge_numbers(numbers, values, {"max_abs_err": 0.0, "max_rel_err": 0.0}, *tol)
+            kind, _, message = judge_numbers(numbers, values, {"max_abs_err": 0.0, "max_rel_err": 0.0}, *tol)
             if kind:
                 return None, f"{name}: a replay of its captured forward disagrees with the reference ({message})"
     except Exception as e:   # not capturable: the eager method, which needs none of this
         with contextlib.suppress(Exception):
             torch.cuda.synchronize()
-        return None, _truncate(f"{type(e).__name__}: {e}", 300)
+        return None, truncate(f"{type(e).__name__}: {e}", 300)
     return runners, None
 
 
@@ -116,7 +117,7 @@ def _poison_outputs(out, ref_out) -> None:
     compared: a kernel launched on the legacy default stream ran during the capture but is not in the graph, and
     its output from then may still match the reference where the output hardly depends on the inputs (a mean loss
     over random data). Raises where an output cannot be written: _graph_runners then times eagerly."""
-    for o, r in zip(_tensors(out), _tensors(ref_out)):
+    for o, r in zip(tensors(out), tensors(ref_out)):
         if o.is_floating_point() or o.is_complex():
             o.fill_(float("nan"))
         elif o.dtype == torch.bool:
@@ -153,30 +154,30 @@ def peak_bandwidth(device) -> float:
     return max(known) if max(known) > 0 else PEAK_BANDWIDTH_FALLBACK
 
 
-def _read_floor_ms(nbytes: int, bandwidth: float, fraction: float) -> float:
+def read_floor_ms(nbytes: int, bandwidth: float, fraction: float) -> float:
     """`fraction` (the option timing_floor) of the ms that reading `nbytes` once at `bandwidth` bytes/s takes: the
     floor below which a median is not believed (0: none). 512 MB on an H100 (taken at 3.9 TB/s): 0.069 ms."""
     return fraction * nbytes / bandwidth * 1e3
 
 
-def _time_within_floor(models: dict, trials: list, device, budget_s: float, checked: str, floor_ms: float,
+def time_within_floor(models: dict, trials: list, device, budget_s: float, checked: str, floor_ms: float,
                        **rule) -> dict:
-    """_time_models, then the bandwidth floor: where the `checked` model's median is below `floor_ms` (the caller's
-    _read_floor_ms of the inputs) and no other model's is, the graph timing is not believed and every model is timed
+    """time_models, then the bandwidth floor: where the `checked` model's median is below `floor_ms` (the caller's
+    read_floor_ms of the inputs) and no other model's is, the graph timing is not believed and every model is timed
     again eagerly (graph_fallback says why; the spot checks and ref_intact of both timings count). Adds
     times["below_floor"]: still below it (the caller's reward_hack). A reference below the floor too does not read
     all of its inputs (a task may not), and then the floor says nothing about the candidate."""
     def below(times: dict) -> bool:
-        return _median(times[checked]) < floor_ms and all(_median(times[name]) >= floor_ms for name in models
+        return median(times[checked]) < floor_ms and all(median(times[name]) >= floor_ms for name in models
                                                           if name != checked)
 
-    times = _time_models(models, trials, device, budget_s, checked=checked, **rule)
+    times = time_models(models, trials, device, budget_s, checked=checked, **rule)
     if times["method"] == "graph" and below(times):
         first = times
-        times = _time_models(models, trials, device, budget_s, checked=checked, **dict(rule, graphs=False))
+        times = time_models(models, trials, device, budget_s, checked=checked, **dict(rule, graphs=False))
         times.update(bad_output=first["bad_output"] + times["bad_output"],
                      ref_intact=first["ref_intact"] and times["ref_intact"],
-                     graph_fallback=f"{checked}: its graph's median ({_median(first[checked]) * 1e3:.2f} us) is below "
+                     graph_fallback=f"{checked}: its graph's median ({median(first[checked]) * 1e3:.2f} us) is below "
                                     f"the bandwidth floor ({floor_ms * 1e3:.2f} us)")
     times["below_floor"] = below(times)
     return times
@@ -195,23 +196,23 @@ def _spot_reps(n: int, sets: int, k: int, rng: random.Random) -> set[int]:
     return picks | set(rng.sample(rest, max(0, min(k - len(picks), len(rest)))))
 
 
-def _median_ci_width(xs: list) -> float:
+def median_ci_width(xs: list) -> float:
     """Width of the distribution-free 95% confidence interval of the median (order statistics), relative to it."""
     xs, n = sorted(xs), len(xs)
     k = max(0, int((n - 1.96 * n ** 0.5) / 2))
     return (xs[n - 1 - k] - xs[k]) / max(xs[n // 2], 1e-9)
 
 
-def _median(xs: list) -> float:
+def median(xs: list) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _timing_rule(opts: dict) -> dict:
+def timing_rule(opts: dict) -> dict:
     return {"adaptive": opts["timing_adaptive"], "ci": opts["timing_ci"], "min_reps": opts["timing_min_reps"],
             "graphs": opts["timing_graphs"]}
 
 
-def _time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
+def time_models(models: dict, trials: list, device, budget_s: float, checked: str | None = None,
                  tol: tuple = (0.0, 0.0), adaptive: bool = False, ci: float = 0.02, min_reps: int = 20,
                  graphs: bool = False, exclusive=None, after=None) -> dict:
     """Interleaved CUDA-event timing of several models on the same inputs (the module docstring).
@@ -232,7 +233,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
     # turn), and the candidate could overwrite those copies: times["ref_intact"] says whether they still equal the
     # host's
     sets = [([x.to(device) if isinstance(x, torch.Tensor) else x for x in tr["inputs"]],
-             tr["out"] if "fp" in tr else _copy_out(tr["out"], device)) for tr in trials[:2]]
+             tr["out"] if "fp" in tr else copy_out(tr["out"], device)) for tr in trials[:2]]
     runners, why_not = _graph_runners(models, sets, tol, device) if graphs else (None, None)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = {name: [] for name in models}
@@ -265,7 +266,7 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
             return None
         end.synchronize()
         if check:   # (at once: a copy kept for later would be memory that the candidate's next reps can rewrite)
-            times["bad_output"] += [_compare(out, ref_out, device, *tol)[0] is not None]
+            times["bad_output"] += [compare(out, ref_out, device, *tol)[0] is not None]
         return start.elapsed_time(end), (time.perf_counter() - host) * 1e3
 
     names = list(models)
@@ -291,12 +292,12 @@ def _time_models(models: dict, trials: list, device, budget_s: float, checked: s
             if name == checked:
                 times["host"].append(host_ms)
         if adaptive and rep + 1 >= min_reps and (rep + 1) % 5 == 0:
-            if all(_median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
+            if all(median_ci_width(times[name]) <= ci for name in names) or time.monotonic() > deadline:
                 break
     if after is not None:
         after()
     # compared on the GPU (the host copy goes there): a pageable copy of a large output to the host would take a
     # large part of a second
-    times["ref_intact"] = all(_same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
-                              for host, gpu_copy in zip(_tensors(tr["out"]), _tensors(out)))
+    times["ref_intact"] = all(same(gpu_copy, host) for tr, (_, out) in zip(trials, sets) if "fp" not in tr
+                              for host, gpu_copy in zip(tensors(tr["out"]), tensors(out)))
     return times

@@ -1,6 +1,6 @@
-"""harness_processes.py: how the evaluation harness runs work in processes, on the caller's side.
+"""harness/processes.py: how the evaluation harness runs work in processes, on the caller's side.
 
-eval_harness.py decides what a verdict is and offers the API (Evaluator, evaluate, lint_tasks); harness_worker.py is
+eval_harness.py decides what a verdict is and offers the API (Evaluator, evaluate, lint_tasks); harness/worker.py is
 what runs inside a worker. This file is the machinery between them, in the order a job meets it:
   - Zygote, Worker, Pool: a zygote per pool imports torch and Triton once and forks one fresh worker per job, in its
     own session, killed with its process group afterwards; a pool keeps `spare` workers booted ahead.
@@ -22,9 +22,9 @@ How it departs from the usual process pool (concurrent.futures, multiprocessing.
   3. Time limits are per phase (start-up, reference, compile, run), and waiting for the GPU turn or for memory counts
      against none of them.
 
-This module imports neither eval_harness nor the worker side (the zygote imports harness_worker through BOOT), and
+This module imports neither eval_harness nor the worker side (the zygote imports harness.worker through BOOT), and
 both import it. It runs in a worker's process too (memory_need, the requests above), so to a candidate it is part
-of the harness: static_checks bans importing it, and the worker's identity snapshot covers its functions.
+of the harness: harness/static_checks.py bans importing it, and the worker's identity snapshot covers its functions.
 """
 from __future__ import annotations
 import collections
@@ -51,9 +51,10 @@ import torch
 # ---------------------------------------------------------------------------------------------------------------------
 # Worker processes, parent side: a zygote per pool forks one fresh worker per job
 
-# the zygote imports the worker side (harness_worker.py, which imports this module) from this file's directory
-BOOT = ("import sys; sys.path.insert(0, {here!r}); import harness_worker; "
-        "harness_worker._zygote_main(int(sys.argv[1]))")
+# the zygote imports the worker side (harness/worker.py, which imports this module) from the repository root, the
+# directory above this package's
+BOOT = ("import sys; sys.path.insert(0, {here!r}); import harness.worker; "
+        "harness.worker.zygote_main(int(sys.argv[1]))")
 
 
 class Zygote:
@@ -64,7 +65,7 @@ class Zygote:
 
     def __init__(self, env: dict):
         self.conn, child = multiprocessing.Pipe()   # (a socketpair: it can carry file descriptors)
-        boot = BOOT.format(here=os.path.dirname(os.path.abspath(__file__)))
+        boot = BOOT.format(here=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.proc = subprocess.Popen([sys.executable, "-c", boot, str(child.fileno())], env=env,
                                      pass_fds=[child.fileno()], start_new_session=True, stdin=subprocess.DEVNULL)
         child.close()

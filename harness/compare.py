@@ -1,26 +1,28 @@
-"""harness_compare.py: how a worker compares what a candidate returns with what the reference returned, and checks
-that nothing the candidate could reach has changed. Runs inside a worker process only (harness_worker.py's stages,
-harness_timing.py's spot checks).
+"""harness/compare.py: how a worker compares what a candidate returns with what the reference returned, and checks
+that nothing the candidate could reach has changed. Runs inside a worker process only (harness/worker.py's stages,
+harness/timing.py's spot checks).
 
 What is compared, and how
-  - A candidate's outputs against the reference's (_compare): same container, plain torch.Tensor with real storage,
+  - A candidate's outputs against the reference's (compare): same container, plain torch.Tensor with real storage,
     same device, shape and dtype; floating outputs within atol/rtol (eval_harness.TOLERANCES per dtype unless the
     options set them) and no NaN where the reference has none; other dtypes exactly.
-  - A candidate's inputs against their pristine copies after its call (_unchanged, NaN equal to NaN: pitfall 2).
+  - A candidate's inputs against their pristine copies after its call (unchanged, NaN equal to NaN: pitfall 2).
   - The reference outputs kept in GPU memory against a keyed fingerprint taken when they were made
-    (_fingerprint_sums, _outputs_intact): a candidate's kernel can write anywhere in its process's GPU memory.
+    (fingerprint_sums, outputs_intact): a candidate's kernel can write anywhere in its process's GPU memory.
 
 How it departs from KernelBench's comparison (torch.allclose on each output, each answer read on the host)
   1. Few host reads. On a GPU that other worker processes share, every host read waits for their time slices (~1 ms
      each with 8 of them busy), so every number is computed on the device and all of a trial's numbers (and the
-     caller's own flags, `read_with`) come back in one read: _compare is _output_numbers (device) then
-     _judge_numbers (host).
+     caller's own flags, `read_with`) come back in one read: compare is output_numbers (device) then
+     judge_numbers (host).
   2. Large outputs are compared in steps of _COMPARE_STEP values: a comparison makes ~10 temporaries of its
      operands' size, which for a 6.4 GB output (official KernelBench level 1) would not fit beside the trials.
-  3. The heavy-tailed trial (pitfall 9) scales atol by how much larger its outputs are (_heavy_tol).
+  3. The heavy-tailed trial (pitfall 9) scales atol by how much larger its outputs are (heavy_tol).
 
-Nothing to run: harness_worker.py imports it. To a candidate it is part of the harness: static_checks bans
-importing it, and the identity snapshot (harness_instrumentation.py) covers its functions.
+Nothing to run: harness/worker.py and harness/timing.py import it; it imports eval_harness (TOLERANCES) and no other
+harness module, and eval_harness never imports it: no import cycle. To a candidate it is part of the harness:
+harness/static_checks.py bans importing it, and the identity snapshot (harness/instrumentation.py) covers its
+functions.
 """
 from __future__ import annotations
 
@@ -32,19 +34,19 @@ from eval_harness import TOLERANCES
 # ---------------------------------------------------------------------------------------------------------------------
 # Small tensor helpers, and reading device numbers on the host at once
 
-def _is_float(x) -> bool:
+def is_float(x) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
-def _tensors(out) -> list:
+def tensors(out) -> list:
     return [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)]
 
 
-def _to_device(xs: list, device, copy: bool = True) -> list:
+def to_device(xs: list, device, copy: bool = True) -> list:
     return [x.to(device, copy=copy) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
-def _nbytes(xs) -> int:
+def nbytes(xs) -> int:
     return sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))
 
 
@@ -57,7 +59,7 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def _copy_out(out, where="cpu"):
+def copy_out(out, where="cpu"):
     """A detached copy of a model's output (a tensor or a tuple/list of tensors) on `where`: the host (page-locked,
     _host_copy) or a device."""
     copy = _host_copy if str(where) == "cpu" else (lambda t: t.detach().to(where, copy=True))
@@ -68,15 +70,15 @@ def _copy_out(out, where="cpu"):
     raise TypeError(f"reference returned {type(out).__name__}; expected a tensor or a tuple/list of tensors")
 
 
-def _host_ints(scalars: list[torch.Tensor]) -> list[int]:
+def host_ints(scalars: list[torch.Tensor]) -> list[int]:
     """0-dim tensors of one device (int64 sums, booleans) to Python ints with one host read: on a GPU that other
     worker processes share, every read waits for their time slices (~1 ms each with 8 of them busy), and a candidate
     would otherwise make dozens."""
     return torch.stack([s.to(torch.int64) for s in scalars]).tolist() if scalars else []
 
 
-def _host_floats(scalars: list[torch.Tensor]) -> list[float]:
-    """0-dim tensors of one device to Python floats with one host read (as _host_ints, for numbers that are not
+def host_floats(scalars: list[torch.Tensor]) -> list[float]:
+    """0-dim tensors of one device to Python floats with one host read (as host_ints, for numbers that are not
     whole: errors, means)."""
     return torch.stack([s.double() for s in scalars]).tolist() if scalars else []
 
@@ -84,9 +86,9 @@ def _host_floats(scalars: list[torch.Tensor]) -> list[float]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Inputs: unchanged by a call
 
-def _unchanged(a, b, device) -> torch.Tensor:
+def unchanged(a, b, device) -> torch.Tensor:
     """Whether b equals a, element for element with NaN equal to NaN (inputs before and after a call), as a 0-dim
-    bool tensor on `device`, not read yet, so that a caller reads many with one host read (_host_ints). Values that
+    bool tensor on `device`, not read yet, so that a caller reads many with one host read (host_ints). Values that
     are not tensors, and tensors of another shape or dtype, get theirs by a fill (no host-to-device copy)."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         same = not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and bool(a == b)
@@ -100,41 +102,41 @@ def _unchanged(a, b, device) -> torch.Tensor:
     return equal.all().to(device)
 
 
-def _same(a, b) -> bool:
-    """_unchanged, read at once."""
-    return bool(_unchanged(a, b, a.device if isinstance(a, torch.Tensor) else "cpu"))
+def same(a, b) -> bool:
+    """unchanged, read at once."""
+    return bool(unchanged(a, b, a.device if isinstance(a, torch.Tensor) else "cpu"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Outputs: the candidate's against the reference's
 
-def _tolerance(ref_out, opts: dict) -> tuple[float, float]:
+def tolerance(ref_out, opts: dict) -> tuple[float, float]:
     """(atol, rtol) for a reference output: the options' where set, else the loosest TOLERANCES entry among its
     floating dtypes (fp32 1e-4, fp16/bf16 1e-2)."""
-    names = [str(t.dtype).removeprefix("torch.") for t in _tensors(ref_out) if t.is_floating_point()]
+    names = [str(t.dtype).removeprefix("torch.") for t in tensors(ref_out) if t.is_floating_point()]
     default = max([TOLERANCES.get(name, 1e-4) for name in names] or [1e-4])
     return (default if opts["atol"] is None else opts["atol"]), (default if opts["rtol"] is None else opts["rtol"])
 
 
-def _compare(out, ref_out, device, atol: float, rtol: float,
+def compare(out, ref_out, device, atol: float, rtol: float,
              read_with: list | tuple = ()) -> tuple[str | None, str | None, str, dict]:
     """(error_kind or None, check or None, message, stats) for a candidate output against the reference output.
     The numbers of every output come back in one host read (on a GPU that other worker processes share, each read
     waits for their time slices, and this runs for every trial), and with them `read_with`: the caller's own 0-dim
     device tensors, whose values come back as stats["read_with"]."""
     stats = {"max_abs_err": 0.0, "max_rel_err": 0.0}
-    early, numbers = _output_numbers(out, ref_out, device, atol, rtol)
+    early, numbers = output_numbers(out, ref_out, device, atol, rtol)
     if early:   # (an answer the host could give alone: the caller's values read on their own)
-        stats["read_with"] = _host_ints(list(read_with))
+        stats["read_with"] = host_ints(list(read_with))
         return (*early, stats)
-    values = iter(_host_floats([x for _, _, xs in numbers for x in xs] + list(read_with)))   # (the one host read)
-    found = _judge_numbers(numbers, values, stats, atol, rtol)
+    values = iter(host_floats([x for _, _, xs in numbers for x in xs] + list(read_with)))   # (the one host read)
+    found = judge_numbers(numbers, values, stats, atol, rtol)
     stats["read_with"] = [int(v) for v in values]   # (what the judge left: the caller's values)
     return (*found, stats)
 
 
-def _output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tuple | None, list]:
-    """_compare's device half: (a verdict the host gives without reading anything, or None; [(output index, output,
+def output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tuple | None, list]:
+    """compare's device half: (a verdict the host gives without reading anything, or None; [(output index, output,
     its numbers still on the device)]). A floating output's numbers: NaNs the reference has not, max abs error, max
     relative error, values outside the tolerance; another dtype's: how many values differ."""
     if isinstance(ref_out, torch.Tensor):
@@ -176,7 +178,7 @@ _COMPARE_STEP = 2**26   # values compared at once (256 MB of fp32 per temporary)
 
 
 def _step_numbers(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> list[torch.Tensor]:
-    """_output_numbers for flat slices of one output and its reference (same device): for a floating output [NaNs
+    """output_numbers for flat slices of one output and its reference (same device): for a floating output [NaNs
     the reference has not, max abs error, max relative error, values outside the tolerance], else [values that
     differ] (exact)."""
     if not o.is_floating_point():
@@ -191,8 +193,8 @@ def _step_numbers(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) ->
     return [new_nan, diff.max(), max_rel, bad]
 
 
-def _judge_numbers(numbers: list, values, stats: dict, atol: float, rtol: float) -> tuple:
-    """_compare's host half: (error_kind or None, check or None, message) from _output_numbers' numbers, whose values
+def judge_numbers(numbers: list, values, stats: dict, atol: float, rtol: float) -> tuple:
+    """compare's host half: (error_kind or None, check or None, message) from output_numbers' numbers, whose values
     it takes from the iterator `values` (as many as there are numbers, in their order), the errors added to `stats`."""
     read = [[next(values) for _ in xs] for _, _, xs in numbers]
     for (i, o, _), got in zip(numbers, read):   # in output order, as if each had been read on its own
@@ -211,13 +213,13 @@ def _judge_numbers(numbers: list, values, stats: dict, atol: float, rtol: float)
     return None, None, ""
 
 
-def _heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
+def heavy_tol(trial: dict, trials: list, atol: float, rtol: float) -> tuple[float, float]:
     """The heavy-tailed trial's outputs are larger; scale atol by how much (keeps the same relative demand)."""
     if not trial["heavy"]:
         return atol, rtol
-    heavy = [t.float().abs().mean() for t in _tensors(trial["out"]) if t.numel()]
-    first = [t.float().abs().mean() for t in _tensors(trials[0]["out"]) if t.numel()]
-    means = _host_floats(heavy + first)   # (one host read for both)
+    heavy = [t.float().abs().mean() for t in tensors(trial["out"]) if t.numel()]
+    first = [t.float().abs().mean() for t in tensors(trials[0]["out"]) if t.numel()]
+    means = host_floats(heavy + first)   # (one host read for both)
     heavy_mean, first_mean = sum(means[:len(heavy)]) or 1.0, sum(means[len(heavy):]) or 1.0
     return atol * max(1.0, heavy_mean / first_mean), rtol
 
@@ -231,15 +233,15 @@ _FINGERPRINT_CHUNK = 2**21
 _FINGERPRINT_PRIME = 2**31 - 1
 
 
-def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
+def fingerprint_sums(out, key: int) -> list[torch.Tensor]:
     """A keyed checksum of each tensor's bytes, computed where it lives: sum over words w_i of w_i * ((a*i + b) mod p)
     in wrapping int64 arithmetic (order-independent, so deterministic on the GPU), a and b drawn from `key`. Changing
     any word changes it unless the change was made to cancel out under weights the candidate does not know. The
-    reference outputs stay on the GPU with their fingerprint kept on the host (_outputs_intact): a device copy of a
+    reference outputs stay on the GPU with their fingerprint kept on the host (outputs_intact): a device copy of a
     large output is far cheaper than a page-locked host copy per trial."""
     a, b = key % (_FINGERPRINT_PRIME - 1) + 1, (key >> 32) % _FINGERPRINT_PRIME
     sums = []
-    for t in _tensors(out):
+    for t in tensors(out):
         flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
         words = flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
         total = torch.zeros((), dtype=torch.int64, device=t.device)
@@ -251,19 +253,19 @@ def _fingerprint_sums(out, key: int) -> list[torch.Tensor]:
             weight = torch.arange(c, c + a * w.numel(), a, dtype=torch.int64, device=t.device)
             # the words widen to int64 inside the multiply (type promotion), with no int64 copy of them first
             total += torch.mul(w, weight.remainder_(_FINGERPRINT_PRIME)).sum()
-        sums.append(total)   # (left on the device: the caller reads many at once, _host_ints)
+        sums.append(total)   # (left on the device: the caller reads many at once, host_ints)
     return sums
 
 
-def _outputs_intact(trials: list) -> bool:
+def outputs_intact(trials: list) -> bool:
     """Whether every reference output kept on the GPU still has the fingerprint it had when it was made (a kernel
     can write anywhere in its process's GPU memory, and an output rewritten to match the candidate's would pass the
     comparison). Host-kept outputs have none: no kernel reaches them."""
     kept = [tr for tr in trials if "fp" in tr]
-    sums = _host_ints([s for tr in kept for s in _fingerprint_sums(tr["out"], tr["fp"][0])])
+    sums = host_ints([s for tr in kept for s in fingerprint_sums(tr["out"], tr["fp"][0])])
     return sums == [v for tr in kept for v in tr["fp"][1]]
 
 
-def _within_kernels_reach(out) -> bool:
+def within_kernels_reach(out) -> bool:
     """Whether a reference output is kept where a candidate's kernels could rewrite it: GPU memory."""
-    return any(t.is_cuda for t in _tensors(out))
+    return any(t.is_cuda for t in tensors(out))

@@ -1,32 +1,32 @@
-"""harness_worker.py: the inside of eval_harness.py's worker processes, where a task's reference and a candidate run.
+"""harness/worker.py: the inside of eval_harness.py's worker processes, where a task's reference and a candidate run.
 
-Nothing here runs in the caller's process. The zygote (harness_processes.Zygote, booted by harness_processes.BOOT)
-imports this module once and calls _zygote_main; every worker is forked from that zygote, runs _worker_main and
+Nothing here runs in the caller's process. The zygote (harness.processes.Zygote, booted by harness.processes.BOOT)
+imports this module once and calls zygote_main; every worker is forked from that zygote, runs _worker_main and
 exactly one job, and is killed with its process group: "evaluate" (one candidate in five stages, _job_evaluate: the
 reference's trials, the instrumentation and the candidate's import, correctness trials, kernel coverage, timing),
 "compile" (GPU mode's CPU stage) and "lint" (the task quality rules). The parent side is eval_harness.py (verdicts,
-the public API, and the pitfalls table that the checks here implement, in its docstring) and harness_processes.py
+the public API, and the pitfalls table that the checks here implement, in its docstring) and harness/processes.py
 (pools, the GPU gate, memory admission, time limits).
 
 The worker side in four files, this one the stages and the jobs; the mechanisms they use, each one read on its own:
-  harness_compare.py          outputs against the reference's, inputs against their copies, the fingerprints of the
+  harness/compare.py          outputs against the reference's, inputs against their copies, the fingerprints of the
                               reference outputs kept on the GPU; few host reads
-  harness_instrumentation.py  what is installed before the candidate's import and verified after every phase: the op
+  harness/instrumentation.py  what is installed before the candidate's import and verified after every phase: the op
                               recorder, the launch counter, the allocator poison, the identity snapshot
-  harness_timing.py           the timing rule: CUDA graphs, interleaved reps, L2 flush, adaptive rep count
+  harness/timing.py           the timing rule: CUDA graphs, interleaved reps, L2 flush, adaptive rep count
 
-Import direction: the worker side imports eval_harness (the options and tolerances it applies, _truncate,
-_format_exception) and harness_processes (memory_need, and the worker's end of run_job's requests:
-gpu_turn, pass_turn, yield_turn, ask_memory); neither imports it, harness_processes only names this module in its
+Import direction: the worker side imports eval_harness (the options and tolerances it applies, truncate,
+format_exception) and harness.processes (memory_need, and the worker's end of run_job's requests:
+gpu_turn, pass_turn, yield_turn, ask_memory); neither imports it, harness.processes only names this module in its
 zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
 baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
 
 A candidate runs in this process, so every one of these modules is the harness to it: the static check bans
-importing any of them and assigning into it (static_checks.HARNESS_MODULES), and the identity snapshot covers the
-functions of all of them (harness_instrumentation._harness_snapshot), checked after every candidate phase
-(pitfall 6).
+importing any of them and assigning into it (harness.static_checks.HARNESS_MODULES), and the identity snapshot
+covers the functions of all of them (harness.instrumentation._harness_snapshot), checked after every candidate
+phase (pitfall 6).
 
-Nothing to run here: eval_harness.py's API and CLI start the workers (README, "The evaluation harness").
+Nothing to run here: eval_harness.py's API and CLI start the workers (harness/README.md).
 """
 from __future__ import annotations
 import collections
@@ -46,14 +46,14 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from eval_harness import DEFAULTS, TOLERANCES, _format_exception, _truncate
-from harness_compare import (_compare, _copy_out, _fingerprint_sums, _heavy_tol, _host_ints, _is_float, _nbytes,
-                             _outputs_intact, _same, _tensors, _to_device, _tolerance, _unchanged,
-                             _within_kernels_reach)
-from harness_instrumentation import _Instrumentation
-from harness_processes import ask_memory, gpu_turn, memory_need, yield_turn
-from harness_timing import (_median, _median_ci_width, _read_floor_ms, _time_models, _time_within_floor,
-                            _timing_rule, peak_bandwidth)
+from eval_harness import DEFAULTS, TOLERANCES, format_exception, truncate
+from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, host_ints, is_float, nbytes,
+                             outputs_intact, same, tensors, to_device, tolerance, unchanged,
+                             within_kernels_reach)
+from harness.instrumentation import Instrumentation
+from harness.processes import ask_memory, gpu_turn, memory_need, yield_turn
+from harness.timing import (median, median_ci_width, read_floor_ms, time_models, time_within_floor,
+                            timing_rule, peak_bandwidth)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ def _warm_up_triton_compiler(arch: int) -> bool:
         return False
 
 
-def _zygote_main(fd: int) -> None:
+def zygote_main(fd: int) -> None:
     """Import what every worker needs, then fork a worker per request. It never touches CUDA (a forked child could
     not use it), starts no thread (fork copies only the calling one) and never runs candidate code. Requests:
     ("fork", workdir) followed by the worker's job-pipe and output ends -> its pid; ("reap", pid, timeout) -> its
@@ -182,7 +182,7 @@ def _worker_main(fd: int) -> None:
     try:
         result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
-        result = {"error_kind": _classify(e), "error": _format_exception(e)}
+        result = {"error_kind": _classify(e), "error": format_exception(e)}
     if profile_dir:
         profiler.disable()
         with contextlib.suppress(OSError):
@@ -356,7 +356,7 @@ def _trial_bytes_on_meta(ref, opts: dict) -> tuple[int | None, int | None]:
         warnings.simplefilter("ignore")
         try:
             with torch.no_grad():
-                outputs = _tensors(ref.Model(*ref.get_init_inputs())(*inputs))
+                outputs = tensors(ref.Model(*ref.get_init_inputs())(*inputs))
             per_output = nbytes(outputs) if outputs and all(x.is_meta for x in outputs) else None
         except Exception:
             per_output = None
@@ -398,16 +398,16 @@ def _trial_inputs(ref, opts: dict, details: dict, device=None) -> list[tuple[lis
         except Exception as e:   # e.g. a CPU torch.Generator passed to a factory: make them all on the host
             if device is None or t:
                 raise
-            details["inputs_on_device_failed"] = _truncate(_format_exception(e), 300)
+            details["inputs_on_device_failed"] = truncate(format_exception(e), 300)
             return _trial_inputs(ref, opts, details)
-        inputs = [x.to(dtype) if dtype and _is_float(x) else x for x in inputs]
+        inputs = [x.to(dtype) if dtype and is_float(x) else x for x in inputs]
         if heavy:
-            if not any(_is_float(x) for x in inputs):
+            if not any(is_float(x) for x in inputs):
                 break
-            inputs = [x * torch.exp(torch.randn_like(x)) if _is_float(x) else x for x in inputs]
+            inputs = [x * torch.exp(torch.randn_like(x)) if is_float(x) else x for x in inputs]
         out.append((inputs, heavy))
         if t == 0:   # official KernelBench inputs reach GBs: keep the host copies bounded (outputs: _make_trials)
-            n = _cap_trials(n, _nbytes(inputs), opts, details)
+            n = _cap_trials(n, nbytes(inputs), opts, details)
     return out
 
 
@@ -426,39 +426,39 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     together would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials,
     whether the reference mutates its inputs). Outputs kept on the GPU get a fingerprint (trial["fp"]): a
     candidate's kernel can write to any device address in its process (an out-of-bounds store finds the caching
-    allocator's other blocks), so _outputs_intact checks them before a verdict stands; rewriting stored inputs only
+    allocator's other blocks), so outputs_intact checks them before a verdict stands; rewriting stored inputs only
     makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
     waiting timer gets the GPU there)."""
     key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
     trials, pending = [], []   # pending: (trial, its fingerprint sums still on the device)
     # read at the end with the fingerprints, in one host read: inputs the reference left as they were, and whether
     # it was finite on the heavy-tailed draw (the last one)
-    unchanged, finite = [], []
+    untouched, finite = [], []
     allowed = sum(not heavy for _, heavy in draws)   # normal trials; lowered once the first output's size is known
     for i, (inputs, heavy) in enumerate(draws):
         if not heavy and len(trials) >= allowed:
             continue
         if i and between is not None:
             between()
-        args = _to_device(inputs, device)
+        args = to_device(inputs, device)
         with torch.no_grad():
             produced = ref_model(*args)
-        out = _copy_out(produced, store)
+        out = copy_out(produced, store)
         if heavy:
-            finite = [torch.isfinite(o).all() for o in _tensors(produced) if o.is_floating_point()]
-        unchanged += [_unchanged(a, x, device) for a, x in zip(args, inputs)]   # (where made: no host-side scan)
+            finite = [torch.isfinite(o).all() for o in tensors(produced) if o.is_floating_point()]
+        untouched += [unchanged(a, x, device) for a, x in zip(args, inputs)]   # (where made: no host-side scan)
         del args, produced
         trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
                        "out": out, "heavy": heavy})
-        if _within_kernels_reach(out):
-            pending.append((trials[-1], _fingerprint_sums(out, key)))
+        if within_kernels_reach(out):
+            pending.append((trials[-1], fingerprint_sums(out, key)))
         if len(trials) == 1:
-            allowed = _cap_trials(allowed, _nbytes(inputs) + _nbytes(_tensors(out)), opts, details)
-    flags = unchanged + [f.to(device) for f in finite]   # (the reference's outputs may sit elsewhere)
-    values = iter(_host_ints([s for _, trial_sums in pending for s in trial_sums] + flags))
+            allowed = _cap_trials(allowed, nbytes(inputs) + nbytes(tensors(out)), opts, details)
+    flags = untouched + [f.to(device) for f in finite]   # (the reference's outputs may sit elsewhere)
+    values = iter(host_ints([s for _, trial_sums in pending for s in trial_sums] + flags))
     for trial, trial_sums in pending:   # on the host before the candidate exists: out of its kernels' reach
         trial["fp"] = (key, [next(values) for _ in trial_sums])
-    mutates = not all([next(values) for _ in unchanged])   # (lists: all() stops at the first False)
+    mutates = not all([next(values) for _ in untouched])   # (lists: all() stops at the first False)
     if not all([next(values) for _ in finite]):
         trials.pop()   # (the heavy draw is the last one)
         details["heavy_trial"] = "skipped: the reference is not finite on heavy-tailed inputs"
@@ -511,9 +511,9 @@ def _load_reference(ev: _Evaluation) -> dict | None:
         ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
     except Exception as e:
         details["stage"] = "reference"
-        return _fail(_classify(e), "the reference failed: " + _format_exception(e), details)
+        return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
     details["ref_mutates_inputs"] = ev.ref_mutates
-    ev.atol, ev.rtol = _tolerance(ev.trials[0]["out"], ev.opts)
+    ev.atol, ev.rtol = tolerance(ev.trials[0]["out"], ev.opts)
     details.update(atol=ev.atol, rtol=ev.rtol)
     if ev.device.type == "cuda" and ev.opts["timing"]:
         ev.floor_ms = _bandwidth_floor_ms(ev.trials, ev.device, ev.opts)
@@ -521,18 +521,18 @@ def _load_reference(ev: _Evaluation) -> dict | None:
 
 
 def _bandwidth_floor_ms(trials: list, device, opts: dict) -> float:
-    """The timing's floor (harness_timing._read_floor_ms): timing_floor of reading the first trial's inputs once at
+    """The timing's floor (harness.timing.read_floor_ms): timing_floor of reading the first trial's inputs once at
     the GPU's peak bandwidth. Taken before the candidate is imported, so that nothing it patches (the device
-    properties, harness_timing's table) can lower it."""
-    return _read_floor_ms(_nbytes(trials[0]["inputs"]), peak_bandwidth(device), opts["timing_floor"])
+    properties, harness.timing's table) can lower it."""
+    return read_floor_ms(nbytes(trials[0]["inputs"]), peak_bandwidth(device), opts["timing_floor"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Stage 2: the instrumentation (harness_instrumentation.py), then the candidate's import
+# Stage 2: the instrumentation (harness/instrumentation.py), then the candidate's import
 
 def _import_candidate(job: dict, send, details: dict) -> tuple:
     """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
-    instr = _Instrumentation(job["backend"], job["device"], "kz_candidate",   # harness time: before the clock
+    instr = Instrumentation(job["backend"], job["device"], "kz_candidate",   # harness time: before the clock
                              job["ref_src"])                                 # starts
     send(("phase", "compile"))
     start = time.perf_counter()
@@ -541,7 +541,7 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
     except SystemExit as e:
         return None, instr, _fail("compile", f"the candidate called sys.exit({e.code}) at import", details)
     except Exception as e:
-        return None, instr, _fail(_classify(e) if _classify(e) == "crash" else "compile", _format_exception(e), details)
+        return None, instr, _fail(_classify(e) if _classify(e) == "crash" else "compile", format_exception(e), details)
     compile_s = time.perf_counter() - start
     if instr.builds:
         details["builds"] = [b.get("how") for b in instr.builds]
@@ -567,7 +567,7 @@ def _build_candidate(ev: _Evaluation) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Stage 3: correctness trials (the comparisons: harness_compare.py)
+# Stage 3: correctness trials (the comparisons: harness/compare.py)
 
 _REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
 
@@ -597,7 +597,7 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
                 instr.yield_turn()
             # the stored inputs themselves where they are on the GPU already (the candidate gets copies, args; a
             # kernel that rewrites a stored input anyway only makes its own outputs disagree), a 6.4 GB copy fewer
-            pristine = _to_device(trial["inputs"], device, copy=False)
+            pristine = to_device(trial["inputs"], device, copy=False)
             args = _refill(args, pristine)
             with instr.candidate_call():
                 out = ev.cand_model(*args)
@@ -605,9 +605,9 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
             if hit:
                 return ev.failed("reward_hack", hit[1], hit[0])
             # the inputs checked in the comparison's host read (one read per trial, not one per input more)
-            unchanged = [] if ev.ref_mutates else [_unchanged(a, p, device) for a, p in zip(args, pristine)]
-            kind, check, message, stats = _compare(out, trial["out"], device,
-                                                   *_heavy_tol(trial, trials, ev.atol, ev.rtol), read_with=unchanged)
+            untouched = [] if ev.ref_mutates else [unchanged(a, p, device) for a, p in zip(args, pristine)]
+            kind, check, message, stats = compare(out, trial["out"], device,
+                                                   *heavy_tol(trial, trials, ev.atol, ev.rtol), read_with=untouched)
             if not all(stats["read_with"]):
                 return ev.failed("reward_hack", "the candidate modified its inputs", "input_mutation")
             details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
@@ -618,17 +618,17 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
             if t == 0 or t == len(trials) - 2:   # run twice on fresh copies: must agree with itself (races)
                 with instr.candidate_call():
                     again = ev.cand_model(*[p.clone() if isinstance(p, torch.Tensor) else p for p in pristine])
-                kind, _, message, _ = _compare(again, _copy_out(out, device), device, ev.atol, ev.rtol)
+                kind, _, message, _ = compare(again, copy_out(out, device), device, ev.atol, ev.rtol)
                 if kind:
                     return ev.failed("mismatch", "two runs on the same inputs disagree: " + message,
                                      "nondeterministic")
                 del again
             del out, pristine
         details.update(trials=len(trials), trials_s=_since(clock), poison_s=round(instr.poison_s, 3))
-        if not _outputs_intact(trials):
+        if not outputs_intact(trials):
             return ev.failed("reward_hack", _REWRITTEN, "reference_outputs")
     except Exception as e:
-        return ev.failed(_classify(e), _format_exception(e))
+        return ev.failed(_classify(e), format_exception(e))
     except SystemExit as e:
         return ev.failed("runtime", f"the candidate called sys.exit({e.code})")
     return None
@@ -637,7 +637,7 @@ def _check_correctness(ev: _Evaluation) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Stage 4: the candidate's own kernels did the work
 
-def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> dict:
+def _kernel_coverage(model, inputs: list, device, instr: Instrumentation) -> dict:
     """Profile one forward: which GPU kernels ran, and the share of kernel time spent in the candidate's own."""
     from torch.profiler import ProfilerActivity, profile
     own_names = set(instr.launches)   # Triton kernel names
@@ -645,7 +645,7 @@ def _kernel_coverage(model, inputs: list, device, instr: _Instrumentation) -> di
         for src in build["cuda_sources"]:
             src = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", src)
             own_names |= set(re.findall(r"__global__[^(;{]*?(\w+)\s*\(", src))
-    args = _to_device(inputs, device)
+    args = to_device(inputs, device)
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         model(*args)
         torch.cuda.synchronize()
@@ -678,7 +678,7 @@ def _check_coverage(ev: _Evaluation) -> dict | None:
         try:
             coverage = _kernel_coverage(ev.cand_model, ev.trials[0]["inputs"], ev.device, instr)
         except Exception as e:
-            return ev.failed(_classify(e), _format_exception(e))
+            return ev.failed(_classify(e), format_exception(e))
         details.update(coverage, coverage_s=_since(clock))
         if not coverage["own_kernels"]:
             return ev.failed("reward_hack", f"none of the candidate's kernels ran on the GPU (kernels seen: "
@@ -690,10 +690,10 @@ def _check_coverage(ev: _Evaluation) -> dict | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Stage 5: timing (GPU only; the rule: harness_timing.py)
+# Stage 5: timing (GPU only; the rule: harness/timing.py)
 
 def _time_candidate(ev: _Evaluation) -> dict | None:
-    """Stage 5 (GPU only): reference and candidate timed interleaved (_time_models), then the checks that timing
+    """Stage 5 (GPU only): reference and candidate timed interleaved (time_models), then the checks that timing
     gives a candidate new chances to fool: the snapshot, the stored reference outputs, the ops of the captured
     forward and the spot-checked outputs."""
     if not (ev.device.type == "cuda" and ev.opts["timing"]):
@@ -711,15 +711,15 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     shared = (lambda: gpu_turn(conn, "shared")) if ev.turn == "shared" else None
     floor_ms = ev.floor_ms   # (a median below it is not believed: _bandwidth_floor_ms)
     try:
-        times = _time_within_floor({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
+        times = time_within_floor({"ref": ev.ref_model, "cand": timed}, trials, device, opts["timing_budget_s"],
                                    "cand", floor_ms, tol=(ev.atol, ev.rtol), exclusive=alone, after=shared,
-                                   **_timing_rule(opts))
+                                   **timing_rule(opts))
     except Exception as e:
-        return ev.failed(_classify(e), _format_exception(e))
+        return ev.failed(_classify(e), format_exception(e))
     hit = instr.verify()
     if hit:
         return ev.failed("reward_hack", hit[1], hit[0])
-    if not times["ref_intact"] or not _outputs_intact(trials):
+    if not times["ref_intact"] or not outputs_intact(trials):
         return ev.failed("reward_hack", _REWRITTEN, "reference_outputs")
     captured_ops = instr.ops - ops   # (Counter subtraction)
     if captured_ops:
@@ -732,25 +732,25 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
     ref_ms, cand_ms = times["ref"], times["cand"]
     details["read_floor_ms"] = floor_ms
     if times["below_floor"]:
-        return ev.failed("reward_hack", f"median {_median(cand_ms) * 1e3:.2f} us (timed eagerly) is below the "
+        return ev.failed("reward_hack", f"median {median(cand_ms) * 1e3:.2f} us (timed eagerly) is below the "
                          f"bandwidth floor of {floor_ms * 1e3:.2f} us (timing_floor={opts['timing_floor']:g} of "
                          f"reading the inputs once at the GPU's peak bandwidth)", "below_bandwidth_floor")
     details.update(timing_s=_since(clock), timing_method=times["method"], reps=len(cand_ms), ref_reps=len(ref_ms),
-                   median_ci=round(_median_ci_width(cand_ms), 4), ref_median_ci=round(_median_ci_width(ref_ms), 4),
+                   median_ci=round(median_ci_width(cand_ms), 4), ref_median_ci=round(median_ci_width(ref_ms), 4),
                    mean_ms=sum(cand_ms) / len(cand_ms), ref_mean_ms=sum(ref_ms) / len(ref_ms),
-                   host_median_ms=_median(times["host"]))
+                   host_median_ms=median(times["host"]))
     if "graph_fallback" in times:
         details["graph_fallback"] = times["graph_fallback"]
-    ev.timing = dict(runtime_ms=_median(cand_ms), ref_runtime_ms=_median(ref_ms),
-                     speedup=_median(ref_ms) / max(_median(cand_ms), 1e-9))
+    ev.timing = dict(runtime_ms=median(cand_ms), ref_runtime_ms=median(ref_ms),
+                     speedup=median(ref_ms) / max(median(cand_ms), 1e-9))
     if opts["compile_baseline"] and ev.ref_model is not None:   # after verify(): torch.compile starts threads
         try:
             compiled = torch.compile(ev.ref_model)
-            ms = _median(_time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"],
+            ms = median(time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"],
                                       exclusive=alone, after=shared)["compiled"])
-            details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(_median(cand_ms), 1e-9))
+            details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(median(cand_ms), 1e-9))
         except Exception as e:   # the baseline is optional: report, do not fail the candidate
-            details["compile_baseline_error"] = _truncate(_format_exception(e), 300)
+            details["compile_baseline_error"] = truncate(format_exception(e), 300)
     return None
 
 
@@ -770,7 +770,7 @@ def _repeatable(a, b) -> bool:
     """Two runs of a task on the same inputs agree: bit for bit, or for floats within a tenth of the candidates'
     tolerance (a CPU GEMM's first and second calls can differ by ~1e-6 relative; such noise cannot flip a verdict,
     while randomness differs by O(1))."""
-    if _same(a, b):
+    if same(a, b):
         return True
     tol = TOLERANCES.get(str(a.dtype).removeprefix("torch."), 1e-4) / 10 if a.is_floating_point() else None
     return tol is not None and a.shape == b.shape and torch.allclose(a, b.to(a.device), rtol=tol, atol=tol,
@@ -796,32 +796,32 @@ def _job_lint(job: dict, conn: Connection) -> dict:
         # device their size comes from shapes alone, and such a module is neither drawn nor run: drawing gigabytes
         # on the host and running them three times is time that the whole round's lint waits for
         meta = _meta_inputs(mod)
-        report["input_mb"] = None if meta is None else _nbytes(meta) / 2**20
+        report["input_mb"] = None if meta is None else nbytes(meta) / 2**20
         if report["input_mb"] is None or report["input_mb"] <= limit_mb:
             torch.manual_seed(1)
             inputs = list(mod.get_inputs())
-            report["input_mb"] = _nbytes(inputs) / 2**20
+            report["input_mb"] = nbytes(inputs) / 2**20
     except BaseException as e:
-        problems.append("does not load: " + _format_exception(e))
+        problems.append("does not load: " + format_exception(e))
         return report
     if report["input_mb"] > limit_mb:
         problems.append(f"inputs take {report['input_mb']:.0f} MB (limit {limit_mb} MB)")
         return report
     try:
-        pristine = _to_device(inputs, device)
+        pristine = to_device(inputs, device)
         times, outs = [], []
 
         def run():
             args = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
             start = time.perf_counter()
             with torch.no_grad():
-                outs.append(_copy_out(model(*args)))
+                outs.append(copy_out(model(*args)))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
 
         def disagree(i, j):
-            return [(a, b) for a, b in zip(_tensors(outs[i]), _tensors(outs[j])) if not _repeatable(a, b)]
+            return [(a, b) for a, b in zip(tensors(outs[i]), tensors(outs[j])) if not _repeatable(a, b)]
 
         run()
         run()   # same inputs twice -> the same output
@@ -833,7 +833,7 @@ def _job_lint(job: dict, conn: Connection) -> dict:
             if not disagree(2, 0) or not disagree(2, 1):
                 differ = []
     except BaseException as e:
-        problems.append("does not run: " + _format_exception(e))
+        problems.append("does not run: " + format_exception(e))
         return report
     if differ:
         a, b = differ[0]
@@ -852,9 +852,9 @@ def _job_lint(job: dict, conn: Connection) -> dict:
         report["eager_ms"] = min(times)
         if report["eager_ms"] > opts.get("max_cpu_ms", 5000):
             problems.append(f"eager time on the CPU {report['eager_ms'] / 1e3:.1f} s > {opts.get('max_cpu_ms', 5000) / 1e3:.0f} s")
-    atol, rtol = _tolerance(outs[0], dict(DEFAULTS, **{k: opts.get(k) for k in ("atol", "rtol")}))
-    first_float = next((x for x in inputs if _is_float(x)), None)
-    for i, r in enumerate(_tensors(outs[0])):
+    atol, rtol = tolerance(outs[0], dict(DEFAULTS, **{k: opts.get(k) for k in ("atol", "rtol")}))
+    first_float = next((x for x in inputs if is_float(x)), None)
+    for i, r in enumerate(tensors(outs[0])):
         if r.is_floating_point() and not bool(torch.isfinite(r).all()):
             problems.append(f"output {i} contains NaN/inf")
             continue

@@ -1,7 +1,7 @@
-"""harness_instrumentation.py: what the harness installs in a worker before a candidate is imported, and verifies
-after every candidate phase. Runs inside a worker process only (harness_worker.py's stages 2-5).
+"""harness/instrumentation.py: what the harness installs in a worker before a candidate is imported, and verifies
+after every candidate phase. Runs inside a worker process only (harness/worker.py's stages 2-5).
 
-What it installs (_Instrumentation) and why
+What it installs (Instrumentation) and why
   - An op recorder (a TorchDispatchMode) that counts the aten ops a candidate's forward runs outside a short list of
     glue ops (_GLUE_OPS: allocation, views, copies): any other is a PyTorch fallback (pitfall 11).
   - A launch counter on Triton's JITFunction.run (the candidate's own @triton.jit kernels; pitfall 11), and
@@ -27,8 +27,9 @@ reference, which is timed after the candidate's import: pitfalls 6 with 15); the
 thread count (pitfall 4); the candidate's introspection that the audit hook noted.
 
 How it departs from KernelBench's eval, which runs the candidate as it is: every item above. Nothing to run:
-harness_worker.py imports it. To a candidate it is part of the harness: static_checks bans importing it, and the
-snapshot covers its own functions too.
+harness/worker.py imports it; it imports harness/processes.py (the GPU turn) and harness/static_checks.py
+(HARNESS_MODULES), neither of which imports it: no import cycle. To a candidate it is part of the harness:
+harness/static_checks.py bans importing it, and the snapshot covers its own functions too.
 """
 from __future__ import annotations
 import ast
@@ -45,8 +46,8 @@ import warnings
 
 import torch
 
-from harness_processes import gpu_turn, pass_turn, yield_turn
-from static_checks import HARNESS_MODULES
+from harness.processes import gpu_turn, pass_turn, yield_turn
+from harness.static_checks import HARNESS_MODULES
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -66,7 +67,7 @@ _GLUE_OPS = {  # aten ops a kernel wrapper may run itself; anything else in forw
 }   # (not .item(): a Python loop over .item() values is a host-side fallback)
 
 
-class _Instrumentation:
+class Instrumentation:
     """Everything the harness installs in a worker before the candidate is imported, and verifies afterwards."""
 
     def __init__(self, backend: str, device: str, module_name: str, ref_src: str = ""):
@@ -161,7 +162,7 @@ class _Instrumentation:
     def off_gpu(self):
         """Give the shared GPU turn back while a Triton kernel compiles (0.3-1 s of CPU each): a timer waiting for
         the GPU then waits for other candidates' GPU work only, not for their compiles (the writer-preferring
-        harness_processes.Gate)."""
+        harness.processes.Gate)."""
         if self.turn is None:   # (no shared turn held: e.g. the GPU held alone, keep it)
             yield
             return
@@ -189,7 +190,7 @@ class _Instrumentation:
 
     def yield_turn(self) -> None:
         """Between two correctness trials: a timer waiting for this GPU gets it now, not after this candidate's
-        whole check (harness_processes.yield_turn)."""
+        whole check (harness.processes.yield_turn)."""
         if self.turn is not None:
             yield_turn(self.turn, self.device)
 

@@ -19,26 +19,34 @@ How this departs from KernelBench's eval (which has no static check):
    `operator.attrgetter` or `object.__getattribute__` would take); getattr with a computed name is out, as are
    `__builtins__`, `globals()`, `vars(x)`, an imported module's `__dict__`, attrgetter and `__getattribute__`, and
    getattr, vars and globals passed around as values. Not closed here: a route that names nothing these rules know
-   (an alias, `s = sys; s._getframe()`); the worker's audit hook (harness_instrumentation._introspection_hook) sees
+   (an alias, `s = sys; s._getframe()`); the worker's audit hook (harness.instrumentation._introspection_hook) sees
    those calls at run time whatever their name.
 
+Imported by eval_harness.py (its precheck), harness/instrumentation.py (HARNESS_MODULES, in a worker) and
+kernelbench_tasks/catalog.py (import_aliases, name_chain); it imports nothing of the harness, so there is no import
+cycle. It is loaded in a worker too, so to a candidate it is part of the harness (a harness module, banned and
+covered by the identity snapshot like the others).
+
 Use:
-    from static_checks import import_aliases, static_check
+    from harness.static_checks import import_aliases, static_check
     static_check(tree, import_aliases(tree))   # ("threads", "imports threading") or None
 """
 
 import ast
 import re
 
-# The harness's modules that run in a candidate's process (a worker): importing one, or assigning into it, is a
-# monkeypatch; the worker's identity snapshot (harness_instrumentation._harness_snapshot) covers their functions
-HARNESS_MODULES = ("eval_harness", "harness_processes", "harness_worker", "harness_compare", "harness_timing",
-                   "harness_instrumentation")
+# The harness's modules that run in a candidate's process (a worker): eval_harness.py and every module of the package
+# harness/. Importing one, or assigning into it, is a monkeypatch, matched by its root name (eval_harness, harness:
+# `import harness.worker`, `from harness import processes`); the worker's identity snapshot
+# (harness.instrumentation._harness_snapshot) covers their functions
+HARNESS_MODULES = ("eval_harness", "harness", "harness.processes", "harness.worker", "harness.compare",
+                   "harness.timing", "harness.instrumentation", "harness.static_checks")
+HARNESS_ROOTS = tuple(dict.fromkeys(name.split(".")[0] for name in HARNESS_MODULES))   # eval_harness, harness
 BANNED_IMPORTS = {  # module root -> check name
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
     "multiprocessing": "processes", "subprocess": "processes", "ctypes": "ctypes", "cffi": "ctypes",
     "inspect": "introspection", "importlib": "dynamic_code", "builtins": "monkeypatch",
-    "static_checks": "monkeypatch", **{name: "monkeypatch" for name in HARNESS_MODULES},
+    **{name: "monkeypatch" for name in HARNESS_ROOTS},
     "gc": "introspection",   # gc reaches every live object, the harness's stored reference outputs among them
     "torch.multiprocessing": "processes", "torch.overrides": "torch_function",
     "torch.utils._python_dispatch": "torch_function", "torch._dynamo": "torch_compile", "torch._inductor": "torch_compile",
@@ -97,8 +105,7 @@ NAME_READERS = {"getattr", "vars"}
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
               "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
-PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "static_checks", "triton", "numpy", "math", "gc",
-                   *HARNESS_MODULES}
+PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "triton", "numpy", "math", "gc", *HARNESS_ROOTS}
 DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
 STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
 
