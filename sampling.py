@@ -758,12 +758,14 @@ def phase_seed(cfg, round_, phase):
 
 def harness_seconds(results):
     """Per-candidate harness seconds summed over a batch, by phase (startup = waiting for a started worker,
-    reference, compile, run) plus gpu_wait (waiting for a GPU turn). Candidates overlap, so the sum exceeds the wall
-    time; it says what a batch's verification spends its worker slots on."""
+    reference, compile, run) plus gpu_wait (waiting for a GPU turn) and mem_wait (waiting for memory admission: large
+    tasks, such as official KernelBench's, run fewer at once). Candidates overlap, so the sum exceeds the wall time; it
+    says what a batch's verification spends its worker slots on."""
     total = Counter()
     for r in results:
         total.update(r.details.get("phase_s") or {})
         total["gpu_wait"] += r.details.get("gpu_wait_s") or 0.0
+        total["mem_wait"] += r.details.get("mem_wait_s") or 0.0
     return {k: round(v, 2) for k, v in total.items()} if any(total.values()) else {}
 
 

@@ -230,9 +230,10 @@ def test_trainer_harness_seconds_sums_phases_and_waits():
     a = KernelResult(compiled=True, correct=True, error_kind="ok",
                      details={"phase_s": {"startup": 1.0, "reference": 2.0, "run": 0.5}, "gpu_wait_s": 0.25})
     b = KernelResult(compiled=True, correct=False, error_kind="mismatch",
-                     details={"phase_s": {"startup": 0.5, "reference": 1.5}, "gpu_wait_s": 1.0})
+                     details={"phase_s": {"startup": 0.5, "reference": 1.5}, "gpu_wait_s": 1.0, "mem_wait_s": 2.0})
     fmt = KernelResult(compiled=False, correct=False, error_kind="format")   # never reached the harness
-    assert kz.harness_seconds([a, b, fmt]) == {"startup": 1.5, "reference": 3.5, "run": 0.5, "gpu_wait": 1.25}
+    assert kz.harness_seconds([a, b, fmt]) == {"startup": 1.5, "reference": 3.5, "run": 0.5, "gpu_wait": 1.25,
+                                               "mem_wait": 2.0}
     assert kz.harness_seconds([fmt]) == {}
 
 
