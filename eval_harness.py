@@ -383,11 +383,8 @@ class Evaluator:
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
-        return _to_result(self._run_raw(pool, job))
-
-    def _run_raw(self, pool: str | int, job: dict) -> dict:
-        return run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
-                       pool if isinstance(pool, int) else None)
+        return _to_result(run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
+                                  pool if isinstance(pool, int) else None))
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
                       early: KernelResult | None = None) -> KernelResult:
@@ -550,6 +547,10 @@ def evaluate(ref_src: str, cand_src: str | None, backend: str = "cuda", device: 
         evaluator.close()
 
 
+# The task linter's two size bounds (lint_tasks): a module's inputs at most this many MB (else it is not run), and on
+# a GPU its eager forward at least this many ms (under it, launch overhead would dominate any kernel's time). Options
+# max_input_mb and min_gpu_ms of a lint job override them; the trainer resizes a module that breaks only these.
+LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS = 512, 0.05
 LINT_RULES = ("missing", "does not load", "inputs take", "does not run", "not deterministic", "eager time", "output",
               "degenerate", "timeout", "crash", "runtime")   # the first words of every problem a lint report names
 

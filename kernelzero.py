@@ -72,7 +72,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from eval_harness import extract_code, lint_rule
+from eval_harness import LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, extract_code, lint_rule
 from evaluation import held_out_eval, load_tasks, run_distill, run_eval
 from kernelbench_tasks import catalog, compose, held_out_hashes, synth
 from models import ATTENTIONS, model_problem
@@ -678,20 +678,15 @@ def validate_modules(codes, apis_per_code, pool_hashes, ev):
     # operation, and most of its invalid modules on a GPU ran correctly in under 50 us (pilots: 84 of 144 invalid)
     retry = {src: resized(src, resize_factor(r)) for src, r in zip(todo, reports)}
     retry = {src: new for src, new in retry.items() if new is not None}
-    final = {}   # source as written -> the resized source that passed the linter
+    final = {}   # source as written -> (the resized source that passed the linter, its hash)
     for (src, new), r in zip(retry.items(), ev.lint(list(retry.values())) if retry else []):
-        if r.get("ok"):
-            final[src], lint[src] = new, None
-    out = [final.get(c, c) for c in codes]
-    for i, c in enumerate(codes):
-        if c in final:   # (the pool knows a module by its source at the size it is trained at)
-            hashes[i] = catalog.normalized_source_hash(final[c])
-            lint[c] = "in_pool" if hashes[i] in pool_hashes else None
+        if r.get("ok"):   # (the pool knows a module by its source at the size it is trained at)
+            final[src] = new, catalog.normalized_source_hash(new)
+            lint[src] = "in_pool" if final[src][1] in pool_hashes else None
+    out = [final[c][0] if c in final else c for c in codes]
+    hashes = [final[c][1] if c in final else h for c, h in zip(codes, hashes)]
     why = [lint[c] if w is None else w for c, w in zip(codes, why)]   # (a module with no reason yet was linted)
     return [w is None for w in why], hashes, why, examples, out
-
-
-MIN_EAGER_MS = 0.05   # the task linter's floor on a module's eager GPU time (eval_harness.lint_tasks' rules)
 
 
 def resize_factor(report):
@@ -705,10 +700,9 @@ def resize_factor(report):
         return 1
     rules = {lint_rule(p) for p in problems}
     if rules == {"eager time"} and report.get("eager_ms"):
-        return min(64, 2 ** math.ceil(math.log2(2 * MIN_EAGER_MS / report["eager_ms"])))
+        return min(64, 2 ** math.ceil(math.log2(2 * LINT_MIN_GPU_MS / report["eager_ms"])))
     if rules == {"inputs take"} and report.get("input_mb"):
-        limit = float(re.search(r"limit (\d+) MB", problems[0]).group(1))
-        return 1 / 2 ** math.ceil(math.log2(report["input_mb"] / (limit / 2)))
+        return 1 / 2 ** math.ceil(math.log2(report["input_mb"] / (LINT_MAX_INPUT_MB / 2)))
     return 1
 
 

@@ -46,7 +46,8 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from eval_harness import DEFAULTS, TOLERANCES, format_exception, truncate
+from eval_harness import (DEFAULTS, LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, TOLERANCES, format_exception,
+                          truncate)
 from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, host_ints, is_float, nbytes,
                              outputs_intact, same, tensors, to_device, tolerance, unchanged,
                              within_kernels_reach)
@@ -783,7 +784,7 @@ def _job_lint(job: dict, conn: Connection) -> dict:
     gpu_turn(conn, "shared")
     device, opts = torch.device(job["device"]), job["opts"]
     report = {"ok": False, "problems": [], "eager_ms": None, "input_mb": None}
-    problems, limit_mb = report["problems"], opts.get("max_input_mb", 512)
+    problems, limit_mb = report["problems"], opts.get("max_input_mb", LINT_MAX_INPUT_MB)
     try:
         mod = _load_module(job["src"], "kz_task")
         missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
@@ -846,8 +847,10 @@ def _job_lint(job: dict, conn: Connection) -> dict:
         gpu_turn(conn, "exclusive")
         with torch.no_grad():
             report["eager_ms"] = min(_lint_gpu_ms(model, pristine) for _ in range(3))
-        if report["eager_ms"] < opts.get("min_gpu_ms", 0.05):
-            problems.append(f"eager time {report['eager_ms'] * 1e3:.0f} us < 50 us: launch overhead would dominate")
+        floor_ms = opts.get("min_gpu_ms", LINT_MIN_GPU_MS)
+        if report["eager_ms"] < floor_ms:
+            problems.append(f"eager time {report['eager_ms'] * 1e3:.0f} us < {floor_ms * 1e3:.0f} us: launch "
+                            f"overhead would dominate")
     else:
         report["eager_ms"] = min(times)
         if report["eager_ms"] > opts.get("max_cpu_ms", 5000):
