@@ -47,16 +47,16 @@ How it departs from KernelBench's scripts: (1) builds are timed in fresh process
 `rollout` and `train` time the trainer's own code on any kernelzero model name (default: the named offline model
 qwen-coder-0.5b, which needs its packages, see README) and on a random Qwen2 model shaped like Qwen2.5-Coder-1.5B (no
 download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt lengths).
-  rollout: Coder prompts (level-1 modules) through sampling.rollout with the trainer's Config (bf16 sampler, static
+  rollout: Coder prompts (level-1 modules) through kernelzero.rollout with the trainer's Config (bf16 sampler, static
       cache + compiled decode, then the fp32 log-prob pass), `rollout_new_tokens` per completion, at each batch of
       `rollout_batches`. The first call of a shape compiles: its extra time is reported separately, and the "phase"
       speedup counts it once over `phase_prompts` prompts. Baseline: plain generate on the same bf16 sampler (stock
       sdpa, dynamic cache, nothing compiled, same sampling settings), warmed up, timed over `baseline_new_tokens`
       steps and extrapolated (the table says so). Then greedy token ids of both paths (the rollout path with the first
       `rollout_attention`), before and after one policy_update.
-      `rollout_attention` sets the sampler's attention for the timed rollouts, any of models.ATTENTIONS: sdpa_gqa
-      (models.py's GQA-aware function, the trainer's default) and sdpa (transformers' stock: with a mask it copies K/V
-      G times per layer and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is
+      `rollout_attention` sets the sampler's attention for the timed rollouts, any of plumbing.models.ATTENTIONS:
+      sdpa_gqa (plumbing/models.py's GQA-aware function, the trainer's default) and sdpa (transformers' stock: with a
+      mask it copies K/V G times per layer and step). Each batch is timed with each (a switch recompiles: in compile s); when sdpa is
       among them, an "attention" record per other one gives stock ms/step / its ms/step. Each new batch size or attention is another
       compile of the same code, and dynamo falls back to eager beyond torch._dynamo.config.recompile_limit (8): time one batch per call
       when comparing, e.g. `python bench.py rollout --rollout-models smollm2 --rollout-batches 64
@@ -70,7 +70,7 @@ download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt len
       against a bf16 torch.matmul timed in the same process, peak memory allocated.
   attention: the attention of one decode step alone (every layer, one query per sequence over a static cache of
       `attention_cache` slots of which `attention_filled` hold tokens, random left padding), per implementation in
-      `attention_variants`: sdpa_gqa (models.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
+      `attention_variants`: sdpa_gqa (plumbing.models.sdpa_gqa_attention as the eager sampler runs it), *_compiled (the
       function under torch.compile, as in the compiled decode step; flex is a flex_attention with the mask as a
       score_mod). Relative error against float64 on the CPU; on a GPU the layers are captured in one CUDA graph and
       replayed (like the decode step's reduce-overhead graphs), median of `attention_reps` event-timed replays,
@@ -166,7 +166,7 @@ class Config:
     rollout_new_tokens: int = 512    # rollout: tokens every completion gets (EOS is masked until then, in both paths)
     rollout_reps: int = 1            # rollout: timed rollouts per batch after the first (compiling) one; median
     rollout_attention: str = "sdpa_gqa"  # rollout: the sampler's attention per timed rollout, comma-separated
-    #                                  models.ATTENTIONS (sdpa_gqa, sdpa = transformers' stock); with
+    #                                  plumbing.models.ATTENTIONS (sdpa_gqa, sdpa = transformers' stock); with
     #                                  sdpa among them, an "attention" record per other one holds the ratio
     baseline_new_tokens: int = 32    # rollout: plain generate runs this many steps (~100 ms each), extrapolated
     phase_prompts: int = 128         # rollout: prompts of one Coder phase (16 modules x 8): compile amortised over it
@@ -1189,7 +1189,7 @@ def bench_harness(cfg: Config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# rollout and train benchmarks: the trainer's own code paths (sampling.rollout, kernelzero.policy_update)
+# rollout and train benchmarks: the trainer's own code paths (kernelzero.rollout, kernelzero.policy_update)
 
 SHAPES = {  # random Qwen2 models built from a config (no download): the paper's Coder size, and a CPU-sized twin
     "qwen1.5b-shape": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
@@ -1231,8 +1231,8 @@ def bench_policy(name: str, kcfg, device):
     """A kernelzero Policy (fp32 model + AdamW + bf16 sampler on a GPU). make_policy loads models by name only, so a
     random Qwen2 shape is built here and wrapped the way make_policy wraps a loaded model."""
     import kernelzero as kz
-    import sampling
-    import models
+    from plumbing import models
+    from plumbing.policy import wrap_policy
     if name not in SHAPES:
         return kz.make_policy(name, kcfg, kcfg.lr, device)
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -1249,11 +1249,11 @@ def bench_policy(name: str, kcfg, device):
     with torch.device(device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(kcfg.seed)
         model = Qwen2ForCausalLM(config)   # initialised in place on the GPU: seconds instead of a minute on the CPU
-    return sampling.wrap_policy(*models.prepare(model, tok), kcfg, kcfg.lr, device)
+    return wrap_policy(*models.prepare(model, tok), kcfg, kcfg.lr, device)
 
 
 def encode(tok, prompts: list, kcfg):
-    """The prompts exactly as sampling.rollout tokenises them (chat template, left padding, bucketed length)."""
+    """The prompts exactly as kernelzero.rollout tokenises them (chat template, left padding, bucketed length)."""
     import kernelzero as kz
     return tok([kz.chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
                max_length=kcfg.max_prompt_tokens, pad_to_multiple_of=kcfg.prompt_bucket)
@@ -1262,7 +1262,7 @@ def encode(tok, prompts: list, kcfg):
 @contextlib.contextmanager
 def forced_generate(model, **extra):
     """Inside the block model.generate decodes exactly max_new_tokens (EOS is masked until then, so every call does
-    the same work). sampling.rollout stops at EOS; shadowing the sampler's generate is the smallest way to run
+    the same work). kernelzero.rollout stops at EOS; shadowing the sampler's generate is the smallest way to run
     that path otherwise unchanged. `extra`: more generate kwargs (the profiler's stopping criterion)."""
     plain = model.generate
 
@@ -1284,10 +1284,10 @@ def forced_generate(model, **extra):
 def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
     """Plain sampler.generate (dynamic cache, nothing compiled) with the rollout's sampling settings. A 1-token call
     is the prefill; (steps-token call - 1-token call) / (steps - 1) is one decode step."""
-    import sampling
+    import kernelzero as kz
     enc = encode(policy.tok, prompts, kcfg).to(device)
     kw = dict(input_ids=enc.input_ids, attention_mask=enc.attention_mask, do_sample=True, top_p=1.0, top_k=0,
-              temperature=kcfg.temperature, eos_token_id=sampling.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
+              temperature=kcfg.temperature, eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
 
     def generate(n):
         return policy.sampler.generate(**kw, max_new_tokens=n, min_new_tokens=n)
@@ -1303,7 +1303,7 @@ def time_plain(policy, prompts: list, kcfg, steps: int, device) -> dict:
 
 
 def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
-    """sampling.rollout as the trainer calls it (static cache + compiled decode on a GPU, then the fp32 model's
+    """kernelzero.rollout as the trainer calls it (static cache + compiled decode on a GPU, then the fp32 model's
     log-probs). The first call compiles; `reps` more are timed. gen_s is rollout's own clock (generate synchronises
     every step); total_s also holds the log-prob forward and decoding."""
     import kernelzero as kz
@@ -1320,7 +1320,7 @@ def time_rollout(policy, prompts: list, kcfg, reps: int, device) -> dict:
 
 
 def profile_decode(policy, prompts: list, kcfg, steps: int, warm: int = 8, top: int = 12):
-    """`steps` decode steps of sampling.rollout's own sampler path under torch.profiler (CPU + CUDA activities),
+    """`steps` decode steps of kernelzero.rollout's own sampler path under torch.profiler (CPU + CUDA activities),
     after `warm` unprofiled ones: run it after a timed rollout of the same shape, so nothing compiles in it. A
     stopping criterion sees every step: it starts the profiler, then stops it and ends generate (the rest of the
     rollout, the log-prob pass, stays out). Device time is summed per kernel name (memcpy/memset included); kernel
@@ -1369,7 +1369,6 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
     """Greedy token ids of the rollout path against plain generate on the same sampler, before and after one
     policy_update (an AdamW step, then refresh_sampler copies the weights into the bf16 sampler in place)."""
     import kernelzero as kz
-    import sampling
     kcfg = dataclasses.replace(kcfg, max_new_tokens=cfg.greedy_new_tokens, gen_batch_size=len(prompts),
                                temperature=0.0)   # the trainer's greedy decoding
     enc = encode(policy.tok, prompts, kcfg)
@@ -1380,7 +1379,7 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
             batch = kz.rollout(policy.model, policy.tok, prompts, kcfg, policy.sampler)
             plain = policy.sampler.generate(input_ids=enc.input_ids.to(device), max_new_tokens=T, do_sample=False,
                                             attention_mask=enc.attention_mask.to(device),
-                                            eos_token_id=sampling.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
+                                            eos_token_id=kz.stop_ids(policy.tok), pad_token_id=policy.tok.pad_token_id)
         assert torch.equal(batch["input_ids"][:, :P].cpu(), enc.input_ids), "the two paths saw different prompts"
         return batch, batch["input_ids"][:, P:].cpu(), plain[:, P:].cpu()
     batch, ours0, plain0 = both()
@@ -1413,7 +1412,7 @@ def record_rollout(cfg: Config, name: str, B: int, T: int, plain: dict, ours: di
 
 def bench_rollout(cfg: Config) -> None:
     import kernelzero as kz
-    import models
+    from plumbing import evaluation, models
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batches = [int(b) for b in cfg.rollout_batches.split(",")]
     attentions = cfg.rollout_attention.split(",")
@@ -1421,7 +1420,7 @@ def bench_rollout(cfg: Config) -> None:
         raise SystemExit(f"--rollout-attention: a comma-separated subset of {sorted(models.ATTENTIONS)}, "
                          f"not {cfg.rollout_attention!r}")
     T, rows, greedy_rows, attention_rows = cfg.rollout_new_tokens, [], [], []
-    tasks = kz.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
+    tasks = evaluation.load_tasks(1)   # real Coder prompts: held-out level 1 modules, cycled
     if cfg.rollout_profile and device.type != "cuda":
         print("rollout profile: skipped (it profiles CUDA kernels; no GPU here)")
     for name in cfg.rollout_models.split(","):
@@ -1597,7 +1596,7 @@ def decode_attentions() -> dict:
     """name -> f(q (B, H, 1, D), k and v (B, Hkv, L, D), mask (B, 1, 1, L) bool) -> (B, 1, H, D)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    import models
+    from plumbing import models
 
     def sdpa_gqa(q, k, v, mask):
         return models.sdpa_gqa_attention(None, q, k, v, mask)[0]
@@ -1690,10 +1689,9 @@ def bench_models(cfg: Config) -> None:
     pass@1/pass@k, error kinds, fast_1 on the held-out levels at each temperature (0 = greedy, one sample), and the
     Proposer's validity. Each eval is also written as OUT/eval_{model}_t{T}_level{L}.json in the format of
     `kernelzero.py eval`, so that `kernelzero.py compare` reads it."""
-    import evaluation
     import kernelzero as kz
-    import models
     from eval_harness import Evaluator
+    from plumbing import evaluation, models
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     harness_device = device.type
     rows = []
@@ -1713,8 +1711,8 @@ def bench_models(cfg: Config) -> None:
                 tcfg = dataclasses.replace(kcfg, temperature=t, samples=1 if t == 0 else cfg.models_samples)
                 for level in (int(x) for x in cfg.models_levels.split(",")):
                     torch.manual_seed(cfg.seed)
-                    res, wall_s, _ = clocked(device, evaluation.evaluate_coder, policy, tcfg, ev, level, tcfg.samples, "",
-                                             cfg.models_max_tasks)
+                    res, wall_s, _ = clocked(device, evaluation.evaluate_coder, policy, tcfg, ev, level, tcfg.samples,
+                                             kz.coder_attempts, "", cfg.models_max_tasks)
                     path = os.path.join(cfg.out, f"eval_{name}_t{t:g}_level{level}.json")
                     with open(path, "w") as f:
                         json.dump({"config": dataclasses.asdict(tcfg), "model": name, "temperature": t, **res}, f)

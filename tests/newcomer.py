@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import models
+from plumbing import config, models
 
 
 def _usage_error(kz, capsys, argv):
@@ -44,8 +44,8 @@ def test_newcomer_wrong_flags_get_one_line_before_any_work(argv, says, capsys, m
         monkeypatch.setattr(kz, name, no_work)
     monkeypatch.setattr(synth, "generate_pairs", no_work)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # a hub id is looked up in the cache only
-    real = kz.model_problem   # the default (named) models count as installed: only the flag under test is wrong
-    monkeypatch.setattr(kz, "model_problem", lambda name: None if name in models.NAMED_MODELS else real(name))
+    real = models.model_problem   # the default (named) models count as installed: only the flag under test is wrong
+    monkeypatch.setattr(config, "model_problem", lambda name: None if name in models.NAMED_MODELS else real(name))
     code, err = _usage_error(kz, capsys, argv + ["--run-dir", str(tmp_path / "run")])
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("kernelzero.py: error: ") and says in err, err
@@ -66,7 +66,7 @@ def test_newcomer_a_good_command_line_still_parses(tmp_path):
     import kernelzero as kz
     cfg = kz.parse_config(["--preset", "tiny", "--rounds", "0", "--eval-levels", "1,2", "--temperature", "0",
                            "--run-dir", str(tmp_path)])
-    assert cfg.rounds == 0 and cfg.temperature == 0 and kz.config_problem(cfg) is None
+    assert cfg.rounds == 0 and cfg.temperature == 0 and config.config_problem(cfg) is None
     # the config a run saves reads back as the same Config on --resume
     (tmp_path / "config.json").write_text(json.dumps(kz.dataclasses.asdict(cfg)))
     resumed = kz.parse_config(["--resume", "--preset", "tiny", "--run-dir", str(tmp_path)])
@@ -165,7 +165,7 @@ def test_newcomer_cpu_default_starts_from_shipped_pairs_and_says_its_plan(tmp_pa
     import kernelzero as kz
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: no CPU fallback")
-    monkeypatch.setattr(kz, "model_problem", lambda name: None)   # SmolLM2 need not be installed for the plan
+    monkeypatch.setattr(config, "model_problem", lambda name: None)   # SmolLM2 need not be installed for the plan
     cfg = kz.parse_config(["--run-dir", str(tmp_path / "run")])
     assert cfg.device == "cpu" and cfg.backend == "triton" and cfg.coder_model == "smollm2"
     assert kz.os.path.isfile(cfg.sft_data) and cfg.sft_dir and "cpu" in cfg.sft_dir
@@ -191,7 +191,7 @@ def test_newcomer_eval_checks_only_the_model_it_loads(tmp_path, capsys, monkeypa
     """`eval` loads the Coder only: a Proposer that is not installed must not stop it, a missing Coder must."""
     import kernelzero as kz
     ran = []
-    monkeypatch.setattr(kz, "run_eval", lambda cfg: ran.append(cfg.coder_model))
+    monkeypatch.setattr(kz, "run_eval", lambda cfg, attempts: ran.append(cfg.coder_model))
     kz.cli(["eval", "--preset", "tiny", "--proposer-model", "./not_installed", "--run-dir", str(tmp_path)])
     assert ran == ["tiny"]
     code, err = _usage_error(kz, capsys, ["eval", "--preset", "tiny", "--coder-model", "./not_there",

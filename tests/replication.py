@@ -11,8 +11,7 @@ import os
 import pytest
 import torch
 
-import report
-import sampling
+from plumbing import report
 
 
 def test_replication_bootstrap_ci_worked_numbers():
@@ -165,7 +164,7 @@ def test_replication_distill_keeps_distinct_verified_kernels(tmp_path, monkeypat
         return {"completions": completions}
 
     monkeypatch.setattr(synth, "generate_pairs", generate_pairs)
-    monkeypatch.setattr(sampling, "rollout", rollout)
+    monkeypatch.setattr(kz, "rollout", rollout)
     pairs, stats = kz.cli(["distill", "--preset", "tiny", "--device", "cpu", "--sft-pairs", "2", "--samples", "4",
                            "--distill-keep", "2", "--eval-workers", "2", "--run-dir", str(tmp_path / "self")])
     data = str(tmp_path / "self" / "pairs.jsonl")

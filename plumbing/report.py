@@ -1,7 +1,7 @@
 """
 Numbers from files, independent of the trainer: pass@k, fast_p, the geometric-mean speedup and bootstrap intervals
 over tasks; the `compare` table of eval files; the `plot` figure of training runs' metrics.jsonl. Nothing here loads
-a model or runs a kernel: evaluation.py's evaluate_coder computes these numbers and writes the eval files,
+a model or runs a kernel: plumbing/evaluation.py's evaluate_coder computes these numbers and writes the eval files,
 kernelzero.py's loop writes metrics.jsonl, and its `compare` and `plot` subcommands read them back through this
 module.
 
@@ -17,7 +17,7 @@ How this departs from common practice:
 Use:
     python kernelzero.py compare BEFORE [AFTER ...]       # eval files or dirs: pass@1 95% CIs, paired differences
     python kernelzero.py plot RUN_DIR [RUN_DIR ...]        # several: a method and its ablations on one figure
-    from report import pass_at_k, bootstrap_ci             # pass_at_k(10, 3, 1) = 0.3
+    from plumbing.report import pass_at_k, bootstrap_ci    # pass_at_k(10, 3, 1) = 0.3
 This module imports none of the others (they import it); matplotlib is imported only when plotting.
 """
 
