@@ -1384,7 +1384,9 @@ def greedy_check(policy, prompts: list, kcfg, cfg: Config, device) -> dict:
         return batch, batch["input_ids"][:, P:].cpu(), plain[:, P:].cpu()
     batch, ours0, plain0 = both()
     advantages = torch.tensor([1.0, -1.0] * len(prompts))[:len(prompts)]   # any signal: the weights must move
-    kz.policy_update(policy, batch, advantages, kcfg, lr=cfg.greedy_update_lr)
+    for group in policy.opt.param_groups:   # (a policy's learning rate is set where it is made: here, the check's)
+        group["lr"] = cfg.greedy_update_lr
+    kz.policy_update(policy, batch, advantages, kcfg)
     _, ours1, plain1 = both()
     return dict(match_before=torch.equal(ours0, plain0), match_after=torch.equal(ours1, plain1),
                 agree_before=float((ours0 == plain0).float().mean()), agree_after=float((ours1 == plain1).float().mean()),

@@ -88,9 +88,9 @@ from plumbing.checkpoints import (SFT_LOSSES, load_checkpoint, save_checkpoint, 
                                   write_json_atomic, write_jsonl)
 from plumbing.config import parse, parse_levels
 from plumbing.console import (ROUND_LEGEND, append_metrics, console_line, graph_timed_frac, harness_seconds,
-                              phases_line, run_summary, timed, token_ticks)
-from plumbing.distributed import (all_max, all_sum, barrier, gather_rows, harness_device_for, microbatches, my_rows,
-                                  open_evaluator, optimizer_step, phase_seed, rank, say, setup_ranks, world)
+                              phases_line, progress, run_summary, timed, token_ticks)
+from plumbing.distributed import (all_max, all_sum, barrier, gather_rows, harness_device_for, idle_passes, my_rows,
+                                  open_evaluator, optimizer_step, pad_rows, phase_seed, rank, say, setup_ranks, world)
 from plumbing.evaluation import held_out_eval, run_distill, run_eval
 from plumbing.policy import autocast, focus, make_policy, refresh_sampler
 from plumbing.report import UsageError, compare_evals, geomean_speedup, plot_runs
@@ -167,7 +167,7 @@ class Config:
     # coder phase
     modules_per_round: int = 4  # pool modules the Coder trains on per round
     group_size: int = 8  # kernels per module (the Coder's GRPO group)
-    # CA-GRPO (this project's definition, see ca_grpo_rewards / ca_grpo_loss)
+    # CA-GRPO (this project's definition, see ca_grpo_rewards / clipped_surrogate_loss)
     coder_reward: str = "ca-grpo"  # "ca-grpo" or "correctness" (ablation: plain 0/1 GRPO, speed never rewarded)
     tau: float = 0.5  # speed is rewarded only in groups at least this correct
     lam: float = 0.3  # weight of the log-speedup bonus (lam * max_log_speedup < 1 keeps correct > incorrect)
@@ -420,6 +420,11 @@ def sequence_logprobs(model, input_ids, attention_mask, n_completion, temperatur
     return torch.cat(out, 1)
 
 
+def microbatches(n, size):
+    """Slices of `size` rows covering n rows: the pieces that one forward (and backward) takes at a time."""
+    return [slice(i, i + size) for i in range(0, n, size)]
+
+
 @torch.no_grad()
 def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=contextlib.nullcontext, on_chunk=None,
             rows=None, seed=None):
@@ -505,19 +510,18 @@ def rollout(model, tok, prompts, cfg, sampler=None, desc="generate", gpu_turn=co
         return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
                     old_logprobs=None, timing=dict(gen_s=gen_s, logprob_s=0.0, new_tokens=int(cmask.sum()),
                                                    tokens_per_s=int(cmask.sum()) / max(gen_s, 1e-9)))
+    # (torchrun: blank rows, whose log-probs are dropped, so that every rank runs as many forwards: idle_passes)
+    blank = idle_passes(len(input_ids), cfg.micro_batch) * cfg.micro_batch
+    ids, mask = pad_rows(input_ids, blank), pad_rows(attention_mask, blank, 1)
     old = [torch.zeros(0, T, device=device)]
-    pad_row = torch.full((1, input_ids.shape[1]), tok.pad_token_id, device=device)
-    for sl in microbatches(len(input_ids), cfg.micro_batch):
-        ids, mask = (input_ids[sl], attention_mask[sl]) if sl else (pad_row, torch.ones_like(pad_row))
+    for sl in microbatches(len(ids), cfg.micro_batch):
         with gpu_turn(), autocast(device):
             # the update's own chunking: the old and new log-probs round alike, so the first ratio is 1
-            logp = sequence_logprobs(model, ids, mask, T, cfg.temperature, cfg.logprob_chunk)
-        if sl:   # (None: the other ranks' forward needed this one's part of the weights; the output is dropped)
-            old.append(logp)
+            old.append(sequence_logprobs(model, ids[sl], mask[sl], T, cfg.temperature, cfg.logprob_chunk))
     logprob_s = time.perf_counter() - t0
     new_tokens = int(cmask.sum())
     return dict(completions=texts, input_ids=input_ids, attention_mask=attention_mask, completion_mask=cmask,
-                old_logprobs=torch.cat(old), timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
+                old_logprobs=torch.cat(old)[:len(input_ids)], timing=dict(gen_s=gen_s, logprob_s=logprob_s, new_tokens=new_tokens,
                                                          tokens_per_s=new_tokens / max(gen_s, 1e-9)))
 
 
@@ -618,10 +622,9 @@ def sft_collate(tok, examples, cfg, device):
 
 
 def sft_train(policy, examples, cfg, steps, desc="sft"):
-    """Supervised fine-tuning with microbatches; returns the per-step mean token losses."""
+    """Supervised fine-tuning with microbatches, at the learning rate the policy was made with (sft_warm_start: sft_lr);
+    returns the per-step mean token losses."""
     model, device = policy.model, next(policy.model.parameters()).device
-    for group in policy.opt.param_groups:
-        group["lr"] = cfg.sft_lr
     rng = random.Random(cfg.seed)
     losses = []
     model.train()
@@ -630,13 +633,14 @@ def sft_train(policy, examples, cfg, steps, desc="sft"):
         mine = batch[my_rows(len(batch))]
         policy.opt.zero_grad(set_to_none=True)
         total = 0.0
-        for sl in microbatches(len(mine), cfg.micro_batch):
-            rows = mine[sl] if sl else batch[:1]   # (None: a weightless row, see microbatches)
+        # microbatches of (nearly) equal weight; FSDP2 averages gradients over ranks, hence the world factor; a rank
+        # with fewer rows adds passes of weight 0 on one row, so that it runs as many as the others (idle_passes)
+        pieces = [(mine[sl], len(mine[sl]) / len(batch) * world()) for sl in microbatches(len(mine), cfg.micro_batch)]
+        pieces += [(batch[:1], 0.0)] * idle_passes(len(mine), cfg.micro_batch)
+        for rows, share in pieces:
             ids, mask, labels = sft_collate(policy.tok, rows, cfg, device)
             with autocast(device):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
-            # microbatches of (nearly) equal weight; FSDP2 averages gradients over ranks, hence the world factor
-            share = len(mine[sl]) / len(batch) * world() if sl else 0.0
             (loss * share).backward()
             total += float(loss.detach()) * share / world()
         optimizer_step(policy, cfg.grad_clip)
@@ -710,9 +714,12 @@ def sft_warm_start(cfg, device, harness_device):
 
 
 # -----------------------------------------------------------------------------
-# CA-GRPO: rewards, advantages, loss (pure torch, copyable as one piece down to the next banner)
-# The caller's part: a group is group_size consecutive samples of one prompt, and old_logprobs come from the
-# sampling policy without gradients; then sum(microbatch_weight * loss).backward(), clip, step.
+# CA-GRPO: rewards, advantages, the loss, token log-probs
+# One piece that needs torch alone, down to the next banner: copy it into another project. The correctness-awareness
+# is in the rewards (ca_grpo_rewards); the loss is PPO's clipped surrogate with DAPO's clip-higher.
+# The caller's part: a group is group_size consecutive samples of one prompt; logprobs are token_logprobs of the
+# policy's logits at the sampling temperature, and old_logprobs the same from the sampling policy without gradients;
+# then sum(microbatch_weight * loss).backward() over a batch's microbatches, clip, step.
 
 
 def ca_grpo_rewards(correct, speedup, group_size, tau=0.5, lam=0.3, max_log_speedup=2.0):
@@ -780,9 +787,9 @@ def drop_zero_std_groups(rewards, group_size):
     return (r.std(1, keepdim=True) > 0).expand_as(r).reshape(-1) if group_size > 1 else torch.ones_like(rewards).bool()
 
 
-def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, clip_low=0.2, clip_high=0.28,
-                 kl_coef=0.0, loss_agg="token-mean"):
-    """Clipped policy-gradient loss of CA-GRPO (PPO surrogate + DAPO clip-higher + optional k3 KL); our definition.
+def clipped_surrogate_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, clip_low=0.2,
+                           clip_high=0.28, kl_coef=0.0, loss_agg="token-mean"):
+    """CA-GRPO's policy loss: PPO's clipped surrogate with DAPO's clip-higher and an optional k3 KL penalty.
 
     logprobs, old_logprobs, ref_logprobs, mask: (B, T); advantages: (B,) one per sequence, broadcast over its tokens.
     per token  l = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A) + kl_coef * k3,
@@ -794,7 +801,8 @@ def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, cl
     Worked numbers: rho 1.5, A +1 -> l = -1.28 (clipped, no gradient); rho 1.25, A +1 -> -1.25 (DAPO: gradient
     flows; a symmetric 0.2 clip would give -1.2); rho 0.5, A -1 -> +0.8 (clipped). Rewards [1, 0, 0, 1] (A +-0.865875),
     lengths [3, 1, 2, 4], T = 4, rho = 1: token-mean -0.346350, GRPO 0.0, Dr. GRPO -0.216469.
-    Returns (loss scalar, stats dict of floats: clip fractions, k3 KL, ratio mean/max, token count).
+    Returns (loss scalar, stats dict of floats: clip fractions, k3 KL, ratio mean/max (max 0 without tokens), token
+    count).
     """
     mask = mask.float()
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
@@ -823,10 +831,30 @@ def ca_grpo_loss(logprobs, old_logprobs, advantages, mask, ref_logprobs=None, cl
         stats = dict(clip_frac_low=float(low.sum() / n), clip_frac_high=float(high.sum() / n),
                      clip_frac=float((low + high).sum() / n), kl=float((kl * mask).sum() / n),
                      ratio_mean=float((ratio * mask).sum() / n),
-                     ratio_max=float(ratio.masked_fill(mask == 0, 0).max()) if mask.any() else 1.0,
+                     ratio_max=float(ratio.masked_fill(mask == 0, 0).max()) if mask.any() else 0.0,
                      tokens=float(mask.sum()))
     return loss, stats
 
+
+
+def loss_normaliser(mask, loss_agg="token-mean"):
+    """What a batch's loss divides by, as a count over its rows: its completion tokens (token-mean), else its sequences
+    (rows with at least one token). mask (B, T): the batch's completion mask. Summed over pieces of a batch (ranks)
+    it is the whole batch's."""
+    return float(mask.sum()) if loss_agg == "token-mean" else float((mask.sum(1) > 0).sum())
+
+
+def microbatch_weight(mask, normaliser, loss_agg="token-mean"):
+    """What one microbatch's clipped_surrogate_loss is multiplied by before backward() when gradients accumulate over
+    a batch.
+
+    mask (b, T): the microbatch's completion mask; normaliser: the batch's loss_normaliser. Its share of the batch's
+    normaliser (tokens for token-mean, rows otherwise: the loss is then a mean over the microbatch's rows), so the
+    summed gradients equal the whole batch's in one piece. token-mean, microbatches of 6 and 2 tokens: 0.75 and 0.25
+    (a plain mean of their losses would weigh each token of the short one 3x); the other aggregations, 2 sequences
+    of 8: 0.25.
+    """
+    return (mask.sum() if loss_agg == "token-mean" else mask.shape[0]) / normaliser
 
 
 class TokenLogprobs(torch.autograd.Function):
@@ -870,21 +898,8 @@ def token_logprobs(logits, targets, temperature, piece=2**26):
     return TokenLogprobs.apply(logits, targets, temperature if temperature > 0 else 1.0, piece)
 
 
-def microbatch_weight(mask, batch_mask, loss_agg="token-mean"):
-    """What one microbatch's ca_grpo_loss is multiplied by before backward() when gradients accumulate over a batch.
-
-    mask (b, T): the microbatch's completion mask; batch_mask (B, T): the whole batch's. Its share of the batch's
-    normaliser (tokens for token-mean, sequences otherwise), so the summed gradients equal the whole batch's in one
-    piece. token-mean, microbatches of 6 and 2 tokens: 0.75 and 0.25 (a plain mean of their losses would weigh each
-    token of the short one 3x); the other aggregations, 2 sequences of 8: 0.25.
-    """
-    if loss_agg == "token-mean":
-        return mask.sum() / batch_mask.sum().clamp(min=1)
-    return mask.shape[0] / batch_mask.shape[0]
-
-
 # -----------------------------------------------------------------------------
-# Policy update
+# The update: the algorithm (policy_update), then what torchrun adds to it (update_on_ranks)
 
 
 def select(batch, keep):
@@ -895,31 +910,27 @@ def select(batch, keep):
     return out
 
 
-def policy_update(policy, batch, advantages, cfg, lr=None):
-    """One CA-GRPO update on a generation batch (from `rollout`): microbatches accumulate (microbatch_weight) into
-    one AdamW step per epoch. Returns averaged stats (loss, clip fractions, k3 KL, ratio), the pre-clip grad norm and
-    skipped_steps (epochs whose gradient was not finite: no step was taken).
-    Under torchrun `batch` is this rank's rows (none at all is allowed): the normaliser is counted over every rank's
-    rows, FSDP2 averages the gradients over ranks (hence the world factor), so the step is the one-process step."""
+def policy_update(policy, batch, advantages, cfg, normaliser=None):
+    """One CA-GRPO update of a policy on a generation batch (from `rollout`); advantages (N,), one per row. Each of
+    ppo_epochs passes runs the batch in microbatches of cfg.micro_batch rows (log-probs, the clipped surrogate loss,
+    backward with the microbatch's weight, so that the accumulated gradient is the whole batch's) and takes one AdamW
+    step, at the learning rate the policy was made with (make_policy). normaliser: what the loss aggregation divides
+    by (None: this batch's loss_normaliser; under torchrun update_on_ranks passes the whole batch's over the world
+    size).
+    Returns the stats: loss, clip fractions, k3 KL and ratio mean (token-weighted), ratio_max, tokens, the pre-clip
+    grad norm and skipped_steps (epochs whose gradient was not finite: no step was taken)."""
     model, device = policy.model, next(policy.model.parameters()).device
-    if lr is not None:
-        for group in policy.opt.param_groups:
-            group["lr"] = lr
-    N, T = batch["completion_mask"].shape
     mask_all = batch["completion_mask"]
-    # this rank's share of the whole batch's normaliser (tokens for token-mean, sequences otherwise)
-    mine = float(mask_all.sum()) if cfg.loss_agg == "token-mean" else float((mask_all.sum(1) > 0).sum())
-    rank_share = world() * mine / max(all_sum([mine])[0], 1.0)
+    old_all = batch.get("old_logprobs")   # None (lean_rollouts): this forward's own, detached (ratio 1)
+    N, T = mask_all.shape
+    if normaliser is None:
+        normaliser = max(loss_normaliser(mask_all, cfg.loss_agg), 1.0)
     totals, ratio_max, skipped = Counter(), 0.0, 0
     model.train()
-    old_all = batch.get("old_logprobs")   # None (lean_rollouts): this forward's own, detached (ratio 1)
     for epoch in range(cfg.ppo_epochs):
         policy.opt.zero_grad(set_to_none=True)
-        parts = microbatches(N, cfg.micro_batch)   # (a bar on the CPU, where one microbatch takes seconds)
-        for sl in tqdm(parts, desc=f"update ({N} answers)", leave=False,
-                       disable=rank() > 0 or device.type != "cpu" or len(parts) < 2):
-            # (None: a row with weight 0, so that this rank runs as many forwards and backwards as the others)
-            rows = sl or slice(0, 1)
+        parts = microbatches(N, cfg.micro_batch)
+        for rows in progress(parts, f"update ({N} answers)", device.type == "cpu" and len(parts) > 1):
             mask = mask_all[rows]
             with autocast(device):
                 logp = sequence_logprobs(model, batch["input_ids"][rows], batch["attention_mask"][rows], T,
@@ -930,54 +941,72 @@ def policy_update(policy, batch, advantages, cfg, lr=None):
                         ref = sequence_logprobs(policy.ref, batch["input_ids"][rows], batch["attention_mask"][rows],
                                                 T, cfg.temperature, cfg.logprob_chunk)
             old = old_all[rows] if old_all is not None else logp.detach()
-            loss, stats = ca_grpo_loss(logp, old, advantages[rows].to(device), mask,
-                                       ref_logprobs=ref, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                       kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
-            share = microbatch_weight(mask, mask_all, cfg.loss_agg) * rank_share if sl else 0.0
-            (loss * share).backward()
-            if sl:
-                ratio_max = max(ratio_max, stats.pop("ratio_max"))
-                for k, v in stats.items():  # token-weighted averages over the batch
-                    totals[k] += v * float(mask.sum()) if k != "tokens" else v
-                totals["loss"] += float(loss.detach()) * float(share) / world()
+            loss, stats = clipped_surrogate_loss(logp, old, advantages[rows].to(device), mask, ref_logprobs=ref,
+                                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef,
+                                                 loss_agg=cfg.loss_agg)
+            weight = microbatch_weight(mask, normaliser, cfg.loss_agg)
+            (loss * weight).backward()
+            ratio_max = max(ratio_max, stats.pop("ratio_max"))
+            for k, v in stats.items():  # token-weighted averages over the batch
+                totals[k] += v * float(mask.sum()) if k != "tokens" else v
+            totals["loss"] += float(loss.detach()) * float(weight)
         grad_norm = optimizer_step(policy, cfg.grad_clip)   # (no step when the norm is not finite)
         totals["grad_norm"] += grad_norm
         skipped += not math.isfinite(grad_norm)
     model.eval()
     refresh_sampler(policy)
-    keys = sorted(k for k in totals if k != "grad_norm")
-    for k, v in zip(keys, all_sum([totals[k] for k in keys])):   # every rank's sums: the whole batch's stats
-        totals[k] = v
-    ratio_max = all_max(ratio_max)
     out = {k: v / max(totals["tokens"], 1.0) for k, v in totals.items() if k not in ("tokens", "loss", "grad_norm")}
     out.update({k: totals[k] / cfg.ppo_epochs for k in ("loss", "grad_norm", "tokens")}, ratio_max=ratio_max,
                skipped_steps=skipped)
     return out
 
 
-def grpo_update(policy, batch, rewards, group_size, cfg, lr):
-    """Group advantages of a batch's rewards, then one policy_update on the groups with reward spread (all groups
-    without cfg.filter_zero_std). rewards (N,) cover every rank's rows, batch this rank's (my_rows). Returns (update
-    stats, {} when nothing trained; the (N,) reward-spread mask)."""
+def update_on_ranks(policy, batch, advantages, keep, cfg):
+    """policy_update on the rows that keep (N,) marks, with advantages (N,): under torchrun the step of one process.
+    `batch` holds this rank's share (my_rows) of the N rows. What torchrun adds, all of it here:
+    - FSDP2 gathers weights in every forward and reduces gradients in every backward, so every rank runs as many
+      microbatches as the rank with the most: a rank with fewer rows, or none kept, gets blank rows (no completion
+      tokens: weight 0; blank_rows, idle_passes);
+    - the loss's normaliser is counted over every rank's rows, then divided by the world size, since FSDP2 averages
+      the ranks' gradients;
+    - the stats are the whole batch's: tokens summed, the loss averaged over ranks (each rank's is world x its share),
+      the token-weighted means recombined, the largest ratio taken (grad norm and skipped steps agree on every rank).
+    One process: policy_update on the kept rows."""
+    rows = my_rows(len(advantages))
+    mine, adv = select(batch, keep[rows]), advantages[rows][keep[rows]]
+    if world() == 1:
+        return policy_update(policy, mine, adv, cfg)
+    normaliser = max(all_sum([loss_normaliser(mine["completion_mask"], cfg.loss_agg)])[0], 1.0) / world()
+    blank = idle_passes(len(adv), cfg.micro_batch) * cfg.micro_batch
+    stats = policy_update(policy, blank_rows(mine, blank), pad_rows(adv, blank), cfg, normaliser)
+    means = [k for k in stats if k not in ("loss", "tokens", "ratio_max", "grad_norm", "skipped_steps")]
+    sums = all_sum([stats["tokens"], stats["loss"]] + [stats[k] * stats["tokens"] for k in means])
+    return {**stats, **{k: v / max(sums[0], 1.0) for k, v in zip(means, sums[2:])}, "tokens": sums[0],
+            "loss": sums[1] / world(), "ratio_max": all_max(stats["ratio_max"])}
+
+
+def blank_rows(batch, n):
+    """A rollout batch with n blank rows appended: padding with an empty completion mask, which trains nothing and
+    counts nothing."""
+    if not n:
+        return batch
+    out = dict(batch, input_ids=pad_rows(batch["input_ids"], n), attention_mask=pad_rows(batch["attention_mask"], n, 1),
+               completion_mask=pad_rows(batch["completion_mask"], n), completions=batch["completions"] + [""] * n)
+    if batch.get("old_logprobs") is not None:
+        out["old_logprobs"] = pad_rows(batch["old_logprobs"], n)
+    return out
+
+
+def grpo_update(policy, batch, rewards, group_size, cfg):
+    """Group advantages of a batch's rewards, then one update on the groups with reward spread (all groups without
+    cfg.filter_zero_std). rewards (N,) cover every rank's rows, batch this rank's (my_rows). Returns (update stats, {}
+    when nothing trained; the (N,) reward-spread mask)."""
     advantages = group_advantages(rewards, group_size, cfg.adv_scale)
     spread = drop_zero_std_groups(rewards, group_size)  # groups with equal rewards carry no policy gradient
     keep = spread if cfg.filter_zero_std else torch.ones(len(rewards), dtype=torch.bool)
     if not keep.any():
         return {}, spread
-    rows = my_rows(len(rewards))
-    if keep[rows].any():
-        return policy_update(policy, select(batch, keep[rows]), advantages[rows][keep[rows]], cfg, lr), spread
-    # none of this rank's rows trains, but the other ranks' forwards and backwards need this one's: a blank row
-    # (no completion tokens: weight 0)
-    return policy_update(policy, blank_row(batch), torch.zeros(1), cfg, lr), spread
-
-
-def blank_row(batch):
-    """One rollout row of padding with an empty completion mask: it trains nothing and counts nothing."""
-    (L, dev), T = (batch["input_ids"].shape[1], batch["input_ids"].device), batch["completion_mask"].shape[1]
-    return dict(input_ids=torch.zeros(1, L, dtype=torch.long, device=dev), completions=[""],
-                attention_mask=torch.ones(1, L, dtype=torch.long, device=dev),
-                completion_mask=torch.zeros(1, T, device=dev), old_logprobs=torch.zeros(1, T, device=dev))
+    return update_on_ranks(policy, batch, advantages, keep, cfg), spread
 
 
 # -----------------------------------------------------------------------------
@@ -1178,7 +1207,7 @@ def proposer_phase(proposer, coder, ev, state, cfg, device, times):
         rewards = frontier_reward(torch.full_like(p, 0.5), valid_t, penalty, stage)
     with timed(times, "proposer_update"):
         focus(proposer, coder, cfg, device)
-        stats, spread = grpo_update(proposer, batch, rewards, G, cfg, cfg.proposer_lr)
+        stats, spread = grpo_update(proposer, batch, rewards, G, cfg)
     # frontier modules (neither always nor never solved) join the Coder's pool
     added = [m for m in modules.values() if joins_pool(m["p"], cfg)]
     state["pool"] = (state["pool"] + added)[-cfg.pool_size:]
@@ -1269,7 +1298,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
     else:
         rewards, gate = ca_grpo_rewards(correct, speedup, G, cfg.tau, cfg.lam, cfg.max_log_speedup)
     with timed(times, "coder_update"):
-        stats, spread = grpo_update(coder, batch, rewards, G, cfg, cfg.lr)
+        stats, spread = grpo_update(coder, batch, rewards, G, cfg)
     solved = []
     for m, c in zip(modules, correct.view(-1, G).tolist()):   # (m is the pool's own dict: its count is kept)
         update_api_stats(state["api_stats"], m["apis"], c, cfg.api_ema)

@@ -18,8 +18,8 @@ Suites, in this order:
   tests/graph_timing.py        the graph timing's replays that do nothing: poisoned outputs, the bandwidth floor
   tests/cuda_ext.py            cuda_ext/: fast_load_inline and the bench generators' candidates
   tests/tasks.py               kernelbench_tasks/: task library, API catalog, golden solutions, synthetic pairs
-  tests/loss.py                the pure functions: advantages, CA-GRPO loss and rewards, frontier reward (kernelzero.py),
-                               masking, metrics (pass@k and fast_p from plumbing/report.py)
+  tests/loss.py                the pure functions: advantages, the clipped surrogate loss, CA-GRPO rewards, the frontier
+                               reward (kernelzero.py), masking, metrics (pass@k and fast_p from plumbing/report.py)
   tests/trainer.py             kernelzero.py's trainer: the phases on fakes (ablations), models, tokenizer, rollout
                                and update on the tiny model, LoRA, attention, config and CLI, the loop, eval, GPU
                                tests

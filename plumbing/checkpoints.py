@@ -136,8 +136,8 @@ def save_checkpoint(run_dir, coder, proposer, state):
 
 
 def load_checkpoint(run_dir, coder, proposer):
-    """The latest checkpoint into both policies (each rank reads the whole file and keeps its shard); the loop's
-    state."""
+    """The latest checkpoint into both policies (each rank reads the whole file and keeps its shard; the policies keep
+    the learning rates they were made with); the loop's state."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     whole = StateDictOptions(full_state_dict=True, strict=False)   # (check_keys is strict, with a clear message)
     with open(os.path.join(run_dir, "latest")) as f:
@@ -146,7 +146,10 @@ def load_checkpoint(run_dir, coder, proposer):
         ckpt = torch.load(os.path.join(path, f"{role}.pt"), map_location="cpu")
         check_keys(ckpt["model"], pol.model, f"the {role} weights in {path}")
         set_model_state_dict(pol.model, ckpt["model"], options=whole)
+        lrs = [group["lr"] for group in pol.opt.param_groups]
         set_optimizer_state_dict(pol.model, pol.opt, ckpt["opt"], options=whole)
+        for group, lr in zip(pol.opt.param_groups, lrs):   # (the learning rate is this run's: a flag given with
+            group["lr"] = lr                               # --resume applies, as make_policy set it)
         refresh_sampler(pol)
     state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file: python RNG state, pool
     state["rng"] = random.Random()

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 
 import torch
+from tqdm import tqdm
 
 from plumbing.distributed import rank
 
@@ -31,6 +32,11 @@ def timed(times, key):
     t0 = time.perf_counter()
     yield
     times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+
+
+def progress(items, desc, show=True):
+    """items under a progress bar (rank 0, when show: where a step takes seconds, the CPU), else as they are."""
+    return tqdm(items, desc=desc, leave=False, disable=rank() > 0 or not show)
 
 
 def token_ticks(bar):

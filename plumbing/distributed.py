@@ -79,16 +79,6 @@ def barrier():
 
 
 
-def microbatches(n, size):
-    """Slices of `size` rows covering n rows, then None until this rank has as many as the rank with the most:
-    FSDP2 gathers weights in every forward and reduces gradients in every backward, so every rank must run the same
-    number of them (a None runs a row with weight 0). One process: the plain slices."""
-    own = [slice(i, i + size) for i in range(0, n, size)]
-    most = int(all_max(len(own)))
-    return own + [None] * (most - len(own))
-
-
-
 def idle_passes(n, size):
     """How many forward/backward passes without rows of its own this rank, with n rows in microbatches of `size`,
     adds so that it runs as many as the rank with the most: FSDP2 gathers weights in every forward and reduces

@@ -1,5 +1,5 @@
 """Tests for kernelzero.py's pure functions: the worked numbers of the loss docstrings (group_advantages,
-ca_grpo_loss, the k3 KL), CA-GRPO rewards and their invariants, masking, the frontier reward, the Proposer's
+clipped_surrogate_loss, the k3 KL), CA-GRPO rewards and their invariants, masking, the frontier reward, the Proposer's
 statistics, and the metrics (harness seconds, pass@k, fast_p)."""
 import math
 
@@ -28,11 +28,11 @@ def test_trainer_group_advantages_numbers():
         kz.group_advantages(torch.tensor([1., 0]), 2, scale="batch")
 
 
-# ---- ca_grpo_loss (its docstring: the policy-loss table, aggregation, gradients, KL)
+# ---- clipped_surrogate_loss (its docstring: the policy-loss table, aggregation, gradients, KL)
 
 def _trainer_token_loss(rho, adv, clip_high):
     logp = torch.tensor([[math.log(rho)]], requires_grad=True)
-    loss, _ = kz.ca_grpo_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1),
+    loss, _ = kz.clipped_surrogate_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1),
                               clip_low=0.2, clip_high=clip_high)
     loss.backward()
     return loss.item(), logp.grad.item()
@@ -59,7 +59,7 @@ def _trainer_agg_case(agg):
     lengths = [3, 1, 2, 4]
     mask = torch.tensor([[1. if t < n else 0. for t in range(4)] for n in lengths])
     logp = torch.randn(4, 4).requires_grad_(True)
-    loss, stats = kz.ca_grpo_loss(logp, logp.detach(), adv, mask, loss_agg=agg)
+    loss, stats = kz.clipped_surrogate_loss(logp, logp.detach(), adv, mask, loss_agg=agg)
     loss.backward()
     return loss.item(), logp.grad, mask, stats
 
@@ -86,12 +86,12 @@ def test_trainer_loss_aggregation_values_and_gradients():
 def test_trainer_k3_kl_values_and_gradient():
     logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
     ref = torch.tensor([[math.log(0.25)]])
-    loss, stats = kz.ca_grpo_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=ref, kl_coef=1.0)
+    loss, stats = kz.clipped_surrogate_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=ref, kl_coef=1.0)
     loss.backward()
     assert stats["kl"] == pytest.approx(0.193147, abs=1e-6) and loss.item() == pytest.approx(0.193147, abs=1e-6)
     assert logp.grad.item() == pytest.approx(0.5, abs=1e-6)
     logp = torch.tensor([[math.log(0.3)]], requires_grad=True)
-    loss, stats = kz.ca_grpo_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=logp.detach(),
+    loss, stats = kz.clipped_surrogate_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 1), ref_logprobs=logp.detach(),
                                   kl_coef=1.0)
     loss.backward()
     assert stats["kl"] == 0 and logp.grad.item() == 0
@@ -99,18 +99,18 @@ def test_trainer_k3_kl_values_and_gradient():
     pi, ref = torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75])
     k3 = ref / pi - torch.log(ref / pi) - 1
     assert float((pi * k3).sum()) == pytest.approx(0.143841, abs=1e-6)
-    _, stats = kz.ca_grpo_loss(torch.log(pi)[None], torch.log(pi)[None], torch.zeros(1), pi[None] * 0 + 1,
+    _, stats = kz.clipped_surrogate_loss(torch.log(pi)[None], torch.log(pi)[None], torch.zeros(1), pi[None] * 0 + 1,
                                ref_logprobs=torch.log(ref)[None], kl_coef=0.5)
     assert stats["kl"] == pytest.approx(float(k3.mean()), abs=1e-6)
 
 
 def test_trainer_loss_clip_stats_and_ratio_clamp():
     logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0]])
-    loss, stats = kz.ca_grpo_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    loss, stats = kz.clipped_surrogate_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
     assert stats["clip_frac_high"] == pytest.approx(1 / 3) and stats["clip_frac_low"] == 0
-    loss, stats = kz.ca_grpo_loss(logp, torch.zeros(1, 3), torch.tensor([-1.0]), torch.ones(1, 3))
+    loss, stats = kz.clipped_surrogate_loss(logp, torch.zeros(1, 3), torch.tensor([-1.0]), torch.ones(1, 3))
     assert stats["clip_frac_low"] == pytest.approx(1 / 3) and stats["clip_frac_high"] == 0
-    loss, _ = kz.ca_grpo_loss(torch.tensor([[100.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
+    loss, _ = kz.clipped_surrogate_loss(torch.tensor([[100.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
     assert torch.isfinite(loss) and loss.item() == pytest.approx(math.exp(20), rel=1e-5)  # log-ratio clamped at 20
 
 

@@ -22,6 +22,7 @@ import eval_harness as eh
 import kernelzero as kz
 from plumbing import config, models
 from plumbing.console import graph_timed_frac
+from plumbing.distributed import pad_rows
 from plumbing.lora import LoRALinear, adapters, add_lora, merged_state_dict, read_adapter
 from plumbing.policy import autocast, refresh_sampler, wrap_policy
 from tests.common import _trainer_close
@@ -48,7 +49,7 @@ def _phase_fakes(monkeypatch, results_fn):
         return [KernelResult(compiled=True, correct=c, error_kind="ok" if c else "mismatch", speedup=s)
                 for c, s in results_fn(len(completions))]
 
-    def update(policy, batch, adv, cfg, lr):
+    def update(policy, batch, adv, cfg, normaliser=None):
         seen["adv"].append(adv.clone())
         return {}
     monkeypatch.setattr(kz, "rollout", rollout)   # (the Proposer's, and generate_and_verify's: probes and the Coder)
@@ -578,6 +579,27 @@ def test_trainer_update_microbatching_matches_one_batch():
         assert stats["tokens"] == float(b["completion_mask"].sum()) and stats["ratio_mean"] == pytest.approx(1, abs=1e-4)
     assert grads[0].abs().sum() > 0
     _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_trainer_blank_rows_change_no_gradient_and_no_stat(agg):
+    """What update_on_ranks gives a rank with fewer rows than another: blank rows (no completion tokens) appended to
+    its batch, with the whole batch's normaliser, leave the gradients and the stats as they were, whether a blank row
+    shares a microbatch with real rows or fills one of its own."""
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(max_new_tokens=10, prompt_bucket=8, micro_batch=4, grad_clip=1e9, loss_agg=agg)
+    pols = [kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu")) for _ in range(2)]
+    b = kz.rollout(pols[0].model, pols[0].tok, ["ab", "cd", "ef", "gh", "ij"], cfg)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0])
+    normaliser = kz.loss_normaliser(b["completion_mask"], agg)
+    grads, stats = [], []
+    for pol, blank in zip(pols, (0, 7)):   # 5 rows + 7 blank ones: [4 real], [1 real + 3 blank], [4 blank]
+        pol.opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)  # keep the weights: compare the gradients
+        stats.append(kz.policy_update(pol, kz.blank_rows(b, blank), pad_rows(adv, blank), cfg, normaliser))
+        grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
+    assert grads[0].abs().sum() > 0 and stats[0]["tokens"] == float(b["completion_mask"].sum())
+    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+    assert stats[1] == pytest.approx(stats[0], rel=1e-5)
 
 
 def test_trainer_update_skips_a_step_whose_gradient_is_not_finite(capsys):
