@@ -6,18 +6,20 @@ A task is a KernelBench problem file (`class Model`, `get_inputs()`, `get_init_i
 CUDA candidates on CPU workers in parallel, checking a few candidates at once on each GPU and timing one at a time.
 
 The harness's files, split where a reader would look
-  eval_harness.py (this file) is the caller's side: results and options, extract_code, the static checks' verdicts
-  (their rules, parse only, are harness/static_checks.py), the public API (Evaluator, evaluate, lint_tasks) and the CLI.
+  eval_harness.py (this file) is the caller's side: options, extract_code, the static checks' verdicts (their rules,
+  parse only, are harness/static_checks.py), the public API (Evaluator, evaluate, lint_tasks) and the CLI.
+  harness/verdict.py is what a verdict is: a KernelResult (re-exported here), the one typed object that the worker
+  builds, its pipe carries, harness.processes checks (a forged one is a reward hack) and the caller gets.
   harness/processes.py is how the caller's side runs work in processes: worker pools and their zygotes, the GPU gate
-  and memory admission, running one job under its time limits.
+  and memory admission, running one job under its time limits (run_job, a small state machine).
   harness/worker.py is everything that runs inside a worker process: start-up (zygote, worker, warm-up), the five
   stages of a candidate's evaluation (reference trials, instrumentation and import, correctness, kernel coverage,
   timing), and the compile and lint jobs. The stages' mechanisms are files of their own: harness/compare.py
   (outputs, inputs, fingerprints), harness/instrumentation.py (op recorder, launch counter, allocator poison,
   identity snapshot) and harness/timing.py (the timing rule). The worker side imports this module (options,
-  tolerances, truncate, format_exception) and harness.processes; neither imports it (only the zygotes do, through
-  harness.processes.BOOT), so there is no import cycle and the caller's process never loads the worker's code. The
-  pitfall checks below are implemented there unless they say "static check" (harness/static_checks.py).
+  tolerances, format_exception), harness.verdict and harness.processes; none of them imports it (only the zygotes
+  do, through harness.processes.BOOT), so there is no import cycle and the caller's process never loads the worker's
+  code. The pitfall checks below are implemented there unless they say "static check" (harness/static_checks.py).
 
 What the process isolation protects, and what it does not
   Every candidate runs in its own fresh Python process, in its own session (process group), used for exactly one
@@ -57,8 +59,9 @@ What the process isolation protects, and what it does not
      bandwidth timed again eagerly, then reward_hack ("below_bandwidth_floor"; harness.timing)
   19 (ours) a verdict forged on the worker's pipe to the harness (os.write of a framed ("result", ok) message to
      its descriptor, before the real one): static check of raw descriptor I/O ("file_descriptors"), and run_job
-     takes a result only with the key it sent with the job, phases only forward (one sent again would restart its
-     clock: a loop of them never timed out), and every other message only in the shape the worker sends it
+     takes a result only with the key it sent with the job and only as the worker makes one (a KernelResult whose
+     fields agree: harness.verdict.well_formed), phases only forward (one sent again would restart its clock: a
+     loop of them never timed out), and every other message only in the shape the worker sends it
      ("forged_message", harness.processes.forged)
   20 (ours) the harness's sources rewritten on disk (the next Evaluator's workers import them: a comparison that
      always passes): static check of files opened to write, pathlib's writers, os.remove/rename/replace..., shutil
@@ -131,33 +134,21 @@ import re
 import sys
 import threading
 import traceback
-from dataclasses import dataclass, field
 
 import torch
 
 from harness import static_checks
 from harness.processes import (Gate, Memory, Pool, gpu_budget_bytes, gpu_lock_path, host_available_bytes,
                                run_job, worker_env)
+from harness.verdict import ERROR_KINDS, KernelResult, truncate, verdict
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Results and options
 
-ERROR_KINDS = ("ok", "format", "compile", "runtime", "mismatch", "timeout", "crash", "reward_hack", "unsupported")
-
-
-@dataclass
-class KernelResult:
-    compiled: bool            # the candidate imported (and, for CUDA, its extension built)
-    correct: bool             # exactly error_kind == "ok"
-    error_kind: str           # one of ERROR_KINDS
-    error: str = ""           # short, truncated message
-    speedup: float | None = None         # reference median / candidate median (GPU timing only)
-    runtime_ms: float | None = None      # candidate median
-    ref_runtime_ms: float | None = None  # reference (eager) median
-    compile_s: float | None = None       # import + build time of the candidate
-    details: dict = field(default_factory=dict)  # trials, errors, checks fired, launches, coverage, timing means...
-
+# A verdict is a KernelResult (compiled, correct, error_kind of ERROR_KINDS, error, speedup, runtime_ms, ref_runtime_ms,
+# compile_s, details): harness/verdict.py defines it, with verdict() that makes one and truncate(); the worker builds
+# it, its pipe carries it, run_job adds the parent's timings to it, and the caller gets that same object.
 
 # atol = rtol per output dtype, like KernelBench's current table; KernelBench v0/v0.1 used 1e-2 everywhere.
 TOLERANCES = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
@@ -216,17 +207,6 @@ def _check_options(opts: dict) -> None:
         raise ValueError(f"timing_floor must be a number from 0 (no floor) to 1, not {floor!r}")
 
 
-def truncate(text: str, n: int = 1500) -> str:
-    text = str(text)
-    return text if len(text) <= n else text[: n // 3] + "\n...\n" + text[-(2 * n) // 3:]
-
-
-def _result(kind: str, error: str = "", **fields) -> KernelResult:
-    assert kind in ERROR_KINDS, kind
-    fields.setdefault("compiled", False)
-    return KernelResult(correct=(kind == "ok"), error_kind=kind, error=truncate(error), **fields)
-
-
 def format_exception(e: BaseException) -> str:
     """An exception as a verdict's error message: its type, message and last three frames (worker and parent side)."""
     frames = traceback.extract_tb(e.__traceback__)[-3:]
@@ -257,20 +237,20 @@ def extract_code(completion: str) -> str | None:
 def _precheck(cand_src: str | None, backend: str) -> KernelResult | None:
     """format / compile (syntax) / reward_hack verdicts that need no process; None if the candidate may run."""
     if cand_src is None or not cand_src.strip():
-        return _result("format", "no code")
+        return verdict("format", "no code")
     try:
         tree = ast.parse(cand_src)
     except SyntaxError as e:
-        return _result("compile", f"SyntaxError: {e.msg} (line {e.lineno})")
+        return verdict("compile", f"SyntaxError: {e.msg} (line {e.lineno})")
     except (RecursionError, MemoryError, ValueError) as e:
-        return _result("compile", f"unparseable source: {type(e).__name__}")
+        return verdict("compile", f"unparseable source: {type(e).__name__}")
     problem = static_checks.backend_problem(tree, cand_src, backend)
     if problem:
-        return _result("format", problem)
+        return verdict("format", problem)
     hit = static_checks.static_check(tree, static_checks.import_aliases(tree))
     if hit:
         check, message = hit
-        return _result("reward_hack", f"static check '{check}': {message}",
+        return verdict("reward_hack", f"static check '{check}': {message}",
                        details={"check": check, "checks_fired": [check], "stage": "static"})
     return None
 
@@ -293,12 +273,6 @@ def _unsupported_reason(backend: str, device: str) -> str | None:
         return ("the CUDA backend needs a GPU: CUDA kernels cannot run on the CPU (on a machine without a GPU "
                 "use backend='triton', which runs under the Triton interpreter)")
     return None
-
-
-def _to_result(d: dict) -> KernelResult:
-    return _result(d["error_kind"], d.get("error", ""), compiled=bool(d.get("compiled", False)),
-                   speedup=d.get("speedup"), runtime_ms=d.get("runtime_ms"), ref_runtime_ms=d.get("ref_runtime_ms"),
-                   compile_s=d.get("compile_s"), details=d.get("details", {}))
 
 
 def _same_code_key(src: str | None) -> str | None:
@@ -383,8 +357,8 @@ class Evaluator:
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 
     def _run(self, pool: str | int, job: dict) -> KernelResult:
-        return _to_result(run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
-                                  pool if isinstance(pool, int) else None))
+        return run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
+                       pool if isinstance(pool, int) else None)
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
                       early: KernelResult | None = None) -> KernelResult:
@@ -454,7 +428,7 @@ class Evaluator:
         """Verdicts for (ref_src, cand_src) pairs, in order."""
         pairs = list(pairs)
         if self.reason:
-            return [_result("unsupported", self.reason) for _ in pairs]
+            return [verdict("unsupported", self.reason) for _ in pairs]
         self._start()
         from tqdm import tqdm
         results = [None] * len(pairs)
@@ -478,7 +452,7 @@ class Evaluator:
                 results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
                                                 early=early[i])
             except Exception as e:   # a harness bug must not lose the other results
-                results[i] = _result("runtime", "harness error: " + format_exception(e))
+                results[i] = verdict("runtime", "harness error: " + format_exception(e))
             bar.update(1)
 
         # twice the compile slots: finished builds wait for a GPU while the next ones compile
@@ -561,15 +535,16 @@ def lint_rule(problem: str) -> str:
 
 
 def _lint_report(run) -> dict:
-    """The report of one lint job, `run()` giving the worker's reply; a timeout, crash or harness error becomes a
-    failed report that says so (a harness bug must not lose the other reports, nor stop a training run)."""
+    """The report of one lint job, `run()` giving the worker's reply (its report, or a verdict where it has none); a
+    timeout, crash or harness error becomes a failed report that says so (a harness bug must not lose the other
+    reports, nor stop a training run)."""
     try:
         reply = run()
     except Exception as e:
-        reply = {"error_kind": "runtime", "error": "harness error: " + format_exception(e)}
-    if "ok" not in reply:
-        return {"ok": False, "problems": [f"{reply['error_kind']}: {truncate(reply.get('error', ''), 600)}"],
-                "eager_ms": None, "input_mb": None, "details": reply.get("details", {})}
+        reply = verdict("runtime", "harness error: " + format_exception(e))
+    if isinstance(reply, KernelResult):
+        return {"ok": False, "problems": [f"{reply.error_kind}: {truncate(reply.error, 600)}"],
+                "eager_ms": None, "input_mb": None, "details": reply.details}
     return reply
 
 
@@ -664,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p, lint=False):
         p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available")
-        p.add_argument("--json", action="store_true", help="one JSON object per line")
+        p.add_argument("--json", action="store_true", help="one JSON object per line" + (
+            "" if lint else f" (a KernelResult; error_kind is one of {', '.join(ERROR_KINDS)})"))
         if not lint:
             p.add_argument("--backend", choices=["cuda", "triton"], default=None,
                            help="default: cuda on a GPU machine, triton otherwise")

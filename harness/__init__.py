@@ -6,6 +6,7 @@
   instrumentation.py  inside a worker: what is installed before a candidate's import and verified after every phase
   timing.py           inside a worker: the timing rule
   static_checks.py    the parent's parse-only rules on a candidate's source
+  verdict.py          a verdict (KernelResult), the one typed object from the worker to the caller
 
 Importing the package imports none of them.
 """

@@ -1,15 +1,16 @@
 """harness/processes.py: how the evaluation harness runs work in processes, on the caller's side.
 
-eval_harness.py decides what a verdict is and offers the API (Evaluator, evaluate, lint_tasks); harness/worker.py is
-what runs inside a worker. This file is the machinery between them, in the order a job meets it:
+eval_harness.py offers the API (Evaluator, evaluate, lint_tasks); harness/verdict.py defines a verdict (KernelResult);
+harness/worker.py is what runs inside a worker. This file is the machinery between them, in the order a job meets it:
   - Zygote, Worker, Pool: a zygote per pool imports torch and Triton once and forks one fresh worker per job, in its
     own session, killed with its process group afterwards; a pool keeps `spare` workers booted ahead.
   - Gate, gpu_lock_path: one GPU's timing gate. Candidates check correctness side by side, a timer runs alone; with
     a lock file the gate holds across every process on the machine that uses the GPU.
   - Memory, host_available_bytes, memory_need: admission by bytes, host and per GPU, so that the harness never runs
     more evaluations at once than memory holds.
-  - run_job: sends one job and waits for its result, with a time limit per phase that excludes the waits for the GPU
-    and for memory.
+  - run_job (JobRun, a small state machine): sends one job and waits for its verdict, a harness.verdict.KernelResult,
+    with a time limit per phase that excludes the waits for the GPU and for memory; a message the worker never sends
+    (forged: the candidate wrote to the pipe) is a reward hack.
   - gpu_turn, pass_turn, yield_turn, ask_memory: the other end of run_job, called inside a worker (its requests for
     the GPU turn and for memory).
 
@@ -22,9 +23,10 @@ How it departs from the usual process pool (concurrent.futures, multiprocessing.
   3. Time limits are per phase (start-up, reference, compile, run), and waiting for the GPU turn or for memory counts
      against none of them.
 
-This module imports neither eval_harness nor the worker side (the zygote imports harness.worker through BOOT), and
-both import it. It runs in a worker's process too (memory_need, the requests above), so to a candidate it is part
-of the harness: harness/static_checks.py bans importing it, and the worker's identity snapshot covers its functions.
+This module imports neither eval_harness nor the worker side (the zygote imports harness.worker through BOOT), only
+harness/verdict.py (which imports nothing of the harness), and both import it. It runs in a worker's process too
+(memory_need, the requests above), so to a candidate it is part of the harness: harness/static_checks.py bans
+importing it, and the worker's identity snapshot covers its functions.
 """
 from __future__ import annotations
 import collections
@@ -46,6 +48,8 @@ import warnings
 from multiprocessing.connection import Connection
 
 import torch
+
+from harness.verdict import KernelResult, verdict, well_formed
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -460,18 +464,20 @@ PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the o
 MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2}   # (their sizes)
 
 
-def forged(message, key: str, phase: str) -> bool:
+def forged(message, key: str, phase: str, job_kind: str | None = "evaluate") -> bool:
     """Whether a message on a worker's pipe is one the harness's worker never sends. The candidate runs in the worker
     and can write to the pipe (os.write on its descriptor), so each kind of message is held to its shape: a result
-    carries the job's key, phases only move forward (one entered again would restart its clock, and a loop of them
-    would never time out), a request names a GPU turn or byte counts the harness knows how to grant."""
+    carries the job's key and a verdict as harness.verdict.verdict makes one (well_formed; a lint job's report, a
+    dict, too), phases only move forward (one entered again would restart its clock, and a loop of them would never
+    time out), a request names a GPU turn or byte counts the harness knows how to grant."""
     if not isinstance(message, tuple) or not message or message[0] not in MESSAGES:
         return True
     kind, args = message[0], message[1:]
     if len(args) != MESSAGES[kind]:
         return True
     if kind == "result":
-        return not isinstance(args[0], dict) or args[1] != key
+        report = job_kind == "lint" and type(args[0]) is dict
+        return not (report or well_formed(args[0])) or args[1] != key
     if kind == "phase":
         return args[0] not in PHASES or PHASES.index(args[0]) <= PHASES.index(phase)
     if kind == "gpu":
@@ -481,137 +487,246 @@ def forged(message, key: str, phase: str) -> bool:
     return kind == "jit" and not isinstance(args[0], bool)
 
 
-def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
-            gpu: int | None = None) -> dict:
-    """Send one job and wait for its result; each phase the worker announces gets its own time limit, and each
-    Triton JIT compile it announces ("jit") limits["jit"] within the phase's (absent: none). The worker asks for its
-    GPU through `gate` (no gate: granted at once) and for its memory through `memory` (bytes on the host and on GPU
-    `gpu`); time spent waiting there counts against no limit. Adds details["phase_s"] (seconds per phase, waits
-    excluded), details["gpu_wait_s"], details["gpu_turns"] (requests for the GPU turn; between trials a worker first
-    asks whether a timer waits, and passes its turn only then), details["mem_wait_s"] when the job waited for
-    memory, and for a job that timed, details["exclusive_s"] (seconds it held the GPU alone: every other worker on
-    it waited meanwhile) and details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn);
-    details["longest_shared_s"] and details["longest_shared_phase"]: the longest stretch this worker held its shared
-    turn without a chance to give it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for
-    the slowest such stretch among the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it
-    ended in a request to time."""
-    phase, held, held_fd, waited, mem_waited, granted, turns = "startup", None, None, 0.0, 0.0, None, 0
-    jit_since, phase_deadline = None, None   # a Triton JIT compile under way: since when; the phase's own deadline
-    longest, offered = (0.0, None), (time.monotonic(), phase)   # the longest stretch; the last chance: when, phase
-    alone = {"since": None, "held": 0.0, "waited": 0.0}   # the exclusive turn: when taken, seconds held and waited
-    deadline = time.monotonic() + limits[phase]
-    clock, phase_s = time.monotonic(), collections.Counter()
-    # The job's key: the worker's result must carry it. The candidate runs in the worker and can write to the pipe
-    # (os.write on its descriptor): a verdict it forged there, without the key, is a reward hack, not a verdict
-    key = secrets.token_hex(16)
-    job = {**job, "key": key}
+# JobRun's states: what the parent is doing for the worker of one job
+WORKING = "working"                     # the worker works, its phase's clock runs: the parent waits for its message
+WAITING_GPU = "waiting for the GPU"     # it asked for a GPU turn: the parent waits at the gate (no clock runs)
+WAITING_MEMORY = "waiting for memory"   # it asked for memory: the parent waits for admission (no clock runs)
+DONE = "done"                           # the job has its verdict: the worker's, or a timeout, crash or forged message
 
-    def admit(host: int, device: int) -> float:
-        """Wait for (host, device) bytes; returns the seconds waited. Device bytes are host bytes without a GPU."""
-        nonlocal granted
-        start = time.monotonic()
-        if memory is not None and granted is None:
-            on_gpu = gpu is not None and gpu in memory.total
-            granted = memory.acquire({"host": host, gpu: device} if on_gpu else {"host": host + device})
-        return time.monotonic() - start
 
-    def finish(reply: dict) -> dict:
-        phase_s[phase] += time.monotonic() - clock
-        reply.setdefault("details", {}).update(phase_s={k: round(v, 3) for k, v in phase_s.items()},
-                                               gpu_wait_s=round(waited, 3), gpu_turns=turns)
-        if alone["since"] is not None:   # (still held: released after this reply)
-            alone["held"] += time.monotonic() - alone["since"]
-        if alone["held"]:
-            reply["details"].update(exclusive_s=round(alone["held"], 3), exclusive_wait_s=round(alone["waited"], 3))
-        if mem_waited > 0.01:
-            reply["details"]["mem_wait_s"] = round(mem_waited, 3)
-        if longest[1] is not None:
-            reply["details"].update(longest_shared_s=round(longest[0], 3), longest_shared_phase=longest[1])
-        if worker.output_bytes > Worker.TAIL_BYTES:
-            reply["details"]["output_bytes"] = worker.output_bytes
-        return reply
+class JobRun:
+    """One job on one worker, seen from the parent: the state machine behind run_job.
 
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not worker.conn.poll(left):
-                if jit_since is not None and deadline < phase_deadline:   # (the compile's limit, not the phase's)
-                    return finish({"error_kind": "timeout", "compiled": False,
-                                   "error": f"a Triton JIT compile ran past {limits['jit']:g} s (jit_timeout)",
-                                   "details": {"phase": phase, "jit": True}})
-                return finish({"error_kind": "timeout", "compiled": phase == "run",
-                               "error": f"{phase} phase timed out after {limits[phase]:.0f} s",
-                               "details": {"phase": phase}})
+      state           event                                  what the parent does                   next state
+      --------------  -------------------------------------  -------------------------------------  --------------
+      WORKING         ("ready", pid)                         sends the job, with its key            WORKING
+                      ("phase", p)                           stops the phase's clock, starts p's    WORKING
+                      ("jit", True) / ("jit", False)         the compile's own deadline on / off    WORKING
+                      ("timer?",)                            answers: does a timer wait?            WORKING
+                      ("gpu", mode)                                                                 WAITING_GPU
+                      ("mem", host_bytes, device_bytes)                                             WAITING_MEMORY
+                      ("result", verdict, key)                                                      DONE: verdict
+                      the deadline passes                                                           DONE: timeout
+                      the pipe breaks (the worker died)                                             DONE: crash
+                      a message the worker never sends                                              DONE: reward_hack
+      WAITING_GPU     the gate grants `mode`                 releases the turn held, waits; sends   WORKING
+                                                             ("go",), the clock skips the wait
+      WAITING_MEMORY  memory admits the bytes                waits; sends ("go",), the clock        WORKING
+                                                             skips the wait
+
+    step() is this table. run() steps from WORKING until DONE, adds the parent's timings to the verdict's details
+    (finish) and, whatever ended the job, lets go of the worker (let_go: its GPU turn released, its process group
+    killed, its memory returned once the process has ended). The job's phase (startup, reference, compile, run) is
+    not a state: it picks the clock's limit, and a worker asks for the GPU and for memory in any phase. A forged
+    message (forged) ends the job as reward_hack, check "forged_message"."""
+
+    def __init__(self, worker: Worker, job: dict, limits: dict, gate: Gate | None = None,
+                 memory: Memory | None = None, gpu: int | None = None):
+        self.worker, self.limits, self.gate, self.memory, self.gpu = worker, limits, gate, memory, gpu
+        # The job's key: the worker's result must carry it. The candidate runs in the worker and can write to the
+        # pipe (os.write on its descriptor): a verdict it forged there, without the key, is a reward hack, not a verdict
+        self.key = secrets.token_hex(16)
+        self.job = {**job, "key": self.key}
+        self.request, self.verdict = None, None   # the request WAITING_* grants; the verdict once DONE
+        # the longest stretch of the shared turn without a chance to give it up (seconds, phases); the last chance:
+        # when, in which phase
+        self.longest, self.offered = (0.0, None), (time.monotonic(), "startup")
+        # the phase and its clock: when it runs out, since when it runs (both moved on by every wait), seconds per
+        # phase; a Triton JIT compile under way: since when, and meanwhile the phase's own deadline
+        self.phase = "startup"
+        self.deadline = time.monotonic() + limits[self.phase]
+        self.clock, self.phase_s = time.monotonic(), collections.Counter()
+        self.jit_since, self.phase_deadline = None, None
+        # the GPU turn: the mode held and its lock file's descriptor, requests, seconds waited; the turn alone
+        # (exclusive): since when it is held, seconds held and waited; memory: the bytes granted, seconds waited
+        self.held, self.held_fd, self.turns, self.gpu_wait_s = None, None, 0, 0.0
+        self.alone_since, self.alone_s, self.alone_wait_s = None, 0.0, 0.0
+        self.granted, self.mem_wait_s = None, 0.0
+
+    def run(self) -> KernelResult | dict:
+        try:
+            state = WORKING
+            while state != DONE:
+                state = self.step(state)
+            return self.finish(self.verdict)
+        finally:
+            self.let_go()
+
+    def step(self, state: str) -> str:
+        """One transition of the table in the class docstring: returns the next state."""
+        if state == WAITING_GPU:
+            self.take_turn(self.request[1])
+            return WORKING
+        if state == WAITING_MEMORY:
+            self.admit(*self.request[1:])
+            return WORKING
+        # WORKING: the worker's next message, before the deadline
+        left = self.deadline - time.monotonic()
+        if left <= 0 or not self.worker.conn.poll(left):
+            return self.end(self.timed_out())
+        try:
+            message = self.receive()
+        except (EOFError, OSError):
+            return self.end(self.crashed())
+        if forged(message, self.key, self.phase, self.job.get("kind")):
+            return self.end(verdict("reward_hack", FORGED, compiled=self.phase == "run",
+                                    details={"check": "forged_message", "phase": self.phase}))
+        self.note_stretch(message)
+        kind = message[0]
+        if kind == "result":
+            return self.end(message[1])
+        if kind == "gpu":
+            self.request = message
+            return WAITING_GPU
+        if kind == "mem":
+            self.request = message
+            return WAITING_MEMORY
+        if kind == "ready":
             try:
-                try:
-                    message = worker.conn.recv()
-                except (EOFError, OSError):
-                    raise
-                except Exception:   # (bytes that unpickle to no message: not the harness's either)
-                    message = None
-                if forged(message, key, phase):
-                    return finish({"error_kind": "reward_hack", "error": FORGED, "compiled": phase == "run",
-                                   "details": {"check": "forged_message", "phase": phase}})
-                offer = message[0] in ("gpu", "timer?", "result")   # (a chance to give the turn up, or the end)
-                stretch = time.monotonic() - offered[0] if offer and held == "shared" else 0.0
-                if stretch > longest[0]:
-                    span = offered[1] if offered[1] == phase else f"{offered[1]}..{phase}"
-                    timing = message[:2] == ("gpu", "exclusive")   # the stretch before a timer asks to time alone
-                    longest = (stretch, "timing" if timing else span)
-                if message[0] == "ready":
-                    worker.conn.send(job)
+                self.worker.conn.send(self.job)
             except (EOFError, OSError):
-                rc = worker.exit_code()
-                how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
-                return finish({"error_kind": "crash", "compiled": phase == "run",
-                               "error": f"worker died ({how}) during the {phase} phase\n{worker.log_tail()}",
-                               "details": {"phase": phase, "returncode": rc}})
-            if message[0] == "phase":
-                phase_s[phase] += time.monotonic() - clock
-                phase, clock = message[1], time.monotonic()
-                deadline, jit_since = clock + limits[phase], None
-            elif message[0] in ("gpu", "mem"):   # wait for the GPU turn / the memory the worker asks for
-                start = time.monotonic()
-                if message[0] == "mem":
-                    admit(message[1], message[2])
-                elif gate:   # release what the worker holds, then wait for the mode it asks for ("none": nothing)
-                    if held:
-                        gate.release(held, held_fd)
-                    if alone["since"] is not None:
-                        alone["held"], alone["since"] = alone["held"] + start - alone["since"], None
-                    held_fd = gate.acquire(message[1]) if message[1] != "none" else None
-                    if message[1] == "exclusive":
-                        alone["since"] = time.monotonic()
-                        alone["waited"] += alone["since"] - start
-                if message[0] == "gpu":   # (each request is a round trip through this thread: counted)
-                    held, turns = (message[1] if message[1] != "none" else None), turns + 1
-                wait = time.monotonic() - start
-                if message[0] == "mem":
-                    mem_waited += wait
-                else:
-                    waited += wait
-                deadline, clock = deadline + wait, clock + wait
-                with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
-                    worker.conn.send(("go",))
-            elif message[0] == "jit":   # a Triton JIT compile starts (True) or ends: its own limit within the phase's
-                if message[1]:
-                    jit_since, phase_deadline = time.monotonic(), deadline
-                    deadline = min(deadline, jit_since + limits.get("jit", float("inf")))
-                elif jit_since is not None:   # (an end without a start changes nothing)
-                    jit_since, deadline = None, phase_deadline
-            elif message[0] == "timer?":   # a worker between two trials: should it give its turn back?
-                with contextlib.suppress(OSError):
-                    worker.conn.send(bool(gate is not None and gate.timer_waiting()))
-            elif message[0] == "result":
-                return finish(message[1])
-            if offer:
-                offered = (time.monotonic(), phase)
-    finally:
-        if gate and held:
-            gate.release(held, held_fd)
-        worker.kill(wait=False)   # (the result is in: nothing more is read from the worker)
-        if memory is not None and granted is not None:
-            release_when_gone(memory, granted, worker.pid)
+                return self.end(self.crashed())
+        elif kind == "phase":
+            self.enter_phase(message[1])
+        elif kind == "jit":   # a Triton JIT compile starts (True) or ends: its own limit within the phase's
+            self.jit(message[1])
+        elif kind == "timer?":   # a worker between two trials: should it give its turn back?
+            with contextlib.suppress(OSError):
+                self.worker.conn.send(bool(self.gate is not None and self.gate.timer_waiting()))
+            self.offered = (time.monotonic(), self.phase)
+        return WORKING
+
+    def end(self, result: KernelResult | dict) -> str:
+        """Any transition to DONE: the job has its verdict (a lint job: perhaps its report)."""
+        self.verdict = result
+        return DONE
+
+    def receive(self):
+        """The worker's next message; None for bytes that unpickle to no message (not the harness's either). A broken
+        pipe raises EOFError or OSError."""
+        try:
+            return self.worker.conn.recv()
+        except (EOFError, OSError):
+            raise
+        except Exception:
+            return None
+
+    def enter_phase(self, phase: str) -> None:
+        self.phase_s[self.phase] += time.monotonic() - self.clock
+        self.phase, self.clock = phase, time.monotonic()
+        self.deadline, self.jit_since = self.clock + self.limits[phase], None
+
+    def jit(self, starts: bool) -> None:
+        if starts:
+            self.jit_since, self.phase_deadline = time.monotonic(), self.deadline
+            self.deadline = min(self.deadline, self.jit_since + self.limits.get("jit", float("inf")))
+        elif self.jit_since is not None:   # (an end without a start changes nothing)
+            self.jit_since, self.deadline = None, self.phase_deadline
+
+    def take_turn(self, mode: str) -> None:
+        """WAITING_GPU: release the turn the worker holds, then wait for the mode it asks for ("none": nothing; no
+        gate: granted at once)."""
+        start = time.monotonic()
+        if self.gate:
+            if self.held:
+                self.gate.release(self.held, self.held_fd)
+            if self.alone_since is not None:
+                self.alone_s, self.alone_since = self.alone_s + start - self.alone_since, None
+            self.held_fd = self.gate.acquire(mode) if mode != "none" else None
+            if mode == "exclusive":
+                self.alone_since = time.monotonic()
+                self.alone_wait_s += self.alone_since - start
+        # (each request is a round trip through this thread: counted)
+        self.held, self.turns = (mode if mode != "none" else None), self.turns + 1
+        self.gpu_wait_s += self.resume(start)
+        self.offered = (time.monotonic(), self.phase)
+
+    def admit(self, host: int, device: int) -> None:
+        """WAITING_MEMORY: wait for (host, device) bytes (device bytes are host bytes without a GPU; granted once per
+        job, at once without a budget)."""
+        start = time.monotonic()
+        if self.memory is not None and self.granted is None:
+            on_gpu = self.gpu is not None and self.gpu in self.memory.total
+            self.granted = self.memory.acquire({"host": host, self.gpu: device} if on_gpu
+                                               else {"host": host + device})
+        self.mem_wait_s += self.resume(start)
+
+    def resume(self, start: float) -> float:
+        """After a wait that began at `start`: the phase's clock and deadline skip it, and the worker goes on.
+        Returns the seconds waited."""
+        wait = time.monotonic() - start
+        self.deadline, self.clock = self.deadline + wait, self.clock + wait
+        with contextlib.suppress(OSError):   # died while waiting: the next recv reports the crash
+            self.worker.conn.send(("go",))
+        return wait
+
+    def note_stretch(self, message: tuple) -> None:
+        """A turn request, a "timer?" or the result is a chance to give the shared turn up: the stretch since the last
+        one may be the longest (a timer waiting for this GPU waits for the slowest such stretch among the holders)."""
+        offer = message[0] in ("gpu", "timer?", "result")
+        stretch = time.monotonic() - self.offered[0] if offer and self.held == "shared" else 0.0
+        if stretch > self.longest[0]:
+            span = self.offered[1] if self.offered[1] == self.phase else f"{self.offered[1]}..{self.phase}"
+            timing = message[:2] == ("gpu", "exclusive")   # the stretch before a timer asks to time alone
+            self.longest = (stretch, "timing" if timing else span)
+
+    def timed_out(self) -> KernelResult:
+        """The deadline passed: a Triton JIT compile's own limit (jit_timeout), or the phase's."""
+        if self.jit_since is not None and self.deadline < self.phase_deadline:
+            return verdict("timeout", f"a Triton JIT compile ran past {self.limits['jit']:g} s (jit_timeout)",
+                           compiled=False, details={"phase": self.phase, "jit": True})
+        return verdict("timeout", f"{self.phase} phase timed out after {self.limits[self.phase]:.0f} s",
+                       compiled=self.phase == "run", details={"phase": self.phase})
+
+    def crashed(self) -> KernelResult:
+        """The pipe broke: the worker died (its exit code says how, its last output why)."""
+        rc = self.worker.exit_code()
+        how = f"signal {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
+        return verdict("crash", f"worker died ({how}) during the {self.phase} phase\n{self.worker.log_tail()}",
+                       compiled=self.phase == "run", details={"phase": self.phase, "returncode": rc})
+
+    def finish(self, result: KernelResult | dict) -> KernelResult | dict:
+        """The verdict (a lint job's report) with the parent's timings in its details (run_job's docstring)."""
+        self.phase_s[self.phase] += time.monotonic() - self.clock
+        details = result.details if isinstance(result, KernelResult) else result.setdefault("details", {})
+        details.update(phase_s={k: round(v, 3) for k, v in self.phase_s.items()},
+                       gpu_wait_s=round(self.gpu_wait_s, 3), gpu_turns=self.turns)
+        if self.alone_since is not None:   # (still held: released after this reply)
+            self.alone_s += time.monotonic() - self.alone_since
+        if self.alone_s:
+            details.update(exclusive_s=round(self.alone_s, 3), exclusive_wait_s=round(self.alone_wait_s, 3))
+        if self.mem_wait_s > 0.01:
+            details["mem_wait_s"] = round(self.mem_wait_s, 3)
+        if self.longest[1] is not None:
+            details.update(longest_shared_s=round(self.longest[0], 3), longest_shared_phase=self.longest[1])
+        if self.worker.output_bytes > Worker.TAIL_BYTES:
+            details["output_bytes"] = self.worker.output_bytes
+        return result
+
+    def let_go(self) -> None:
+        if self.gate and self.held:
+            self.gate.release(self.held, self.held_fd)
+        self.worker.kill(wait=False)   # (the result is in: nothing more is read from the worker)
+        if self.memory is not None and self.granted is not None:
+            release_when_gone(self.memory, self.granted, self.worker.pid)
+
+
+def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
+            gpu: int | None = None) -> KernelResult | dict:
+    """Send one job and wait for its verdict (a lint job: its report, a dict, unless it timed out or crashed); each
+    phase the worker announces gets its own time limit, and each Triton JIT compile it announces ("jit") limits["jit"]
+    within the phase's (absent: none). The worker asks for its GPU through `gate` (no gate: granted at once) and for
+    its memory through `memory` (bytes on the host and on GPU `gpu`); time spent waiting there counts against no
+    limit. JobRun is how (a state machine). Adds details["phase_s"] (seconds per phase, waits excluded),
+    details["gpu_wait_s"], details["gpu_turns"] (requests for the GPU turn; between trials a worker first asks
+    whether a timer waits, and passes its turn only then), details["mem_wait_s"] when the job waited for memory, and
+    for a job that timed, details["exclusive_s"] (seconds it held the GPU alone: every other worker on it waited
+    meanwhile) and details["exclusive_wait_s"] (of gpu_wait_s, the wait for that turn); details["longest_shared_s"]
+    and details["longest_shared_phase"]: the longest stretch this worker held its shared turn without a chance to
+    give it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for the slowest such stretch
+    among the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it ended in a request to
+    time; details["output_bytes"] when the worker printed more than it keeps."""
+    return JobRun(worker, job, limits, gate, memory, gpu).run()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import re
 # `import harness.worker`, `from harness import processes`); the worker's identity snapshot
 # (harness.instrumentation._harness_snapshot) covers their functions
 HARNESS_MODULES = ("eval_harness", "harness", "harness.processes", "harness.worker", "harness.compare",
-                   "harness.timing", "harness.instrumentation", "harness.static_checks")
+                   "harness.timing", "harness.instrumentation", "harness.static_checks", "harness.verdict")
 HARNESS_ROOTS = tuple(dict.fromkeys(name.split(".")[0] for name in HARNESS_MODULES))   # eval_harness, harness
 BANNED_IMPORTS = {  # module root -> check name
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",

@@ -30,8 +30,8 @@ trials, reference and candidate timed separately)
   7. A physical floor (read_floor_ms): no kernel reads its inputs faster than the GPU's memory allows.
 
 Nothing to run: harness/worker.py imports it (bench.py harness --sections stability measures it); it imports
-eval_harness (truncate) and harness/compare.py, neither of which imports it: no import cycle. To a candidate it is
-part of the harness: harness/static_checks.py bans importing it, and the identity snapshot covers its functions.
+harness/verdict.py (truncate) and harness/compare.py, neither of which imports it: no import cycle. To a candidate
+it is part of the harness: harness/static_checks.py bans importing it, and the identity snapshot covers its functions.
 """
 from __future__ import annotations
 import contextlib
@@ -41,9 +41,9 @@ import time
 
 import torch
 
-from eval_harness import truncate
 from harness.compare import (compare, copy_out, host_floats, judge_numbers, nbytes, output_numbers, same,
                              tensors, tolerance)
+from harness.verdict import truncate
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -15,11 +15,15 @@ The worker side in four files, this one the stages and the jobs; the mechanisms 
                               recorder, the launch counter, the allocator poison, the identity snapshot
   harness/timing.py           the timing rule: CUDA graphs, interleaved reps, L2 flush, adaptive rep count
 
-Import direction: the worker side imports eval_harness (the options and tolerances it applies, truncate,
-format_exception) and harness.processes (memory_need, and the worker's end of run_job's requests:
-gpu_turn, pass_turn, yield_turn, ask_memory); neither imports it, harness.processes only names this module in its
-zygote's boot string. So there is no import cycle, the caller's process never loads the worker's code, and a
-baseline harness loaded from another directory (bench.py's _harness_module) runs that directory's workers.
+A job's answer is a verdict, a KernelResult (harness/verdict.py) that verdict() builds here: the pipe carries that
+object to the parent's run_job, which adds its timings, and the caller gets it (a lint job's answer is its report).
+
+Import direction: the worker side imports eval_harness (the options and tolerances it applies, format_exception),
+harness.verdict (KernelResult, verdict, truncate) and harness.processes (memory_need, and the worker's end of
+run_job's requests: gpu_turn, pass_turn, yield_turn, ask_memory); none of them imports it, harness.processes only
+names this module in its zygote's boot string. So there is no import cycle, the caller's process never loads the
+worker's code, and a baseline harness loaded from another directory (bench.py's _harness_module) runs that
+directory's workers.
 
 A candidate runs in this process, so every one of these modules is the harness to it: the static check bans
 importing any of them and assigning into it (harness.static_checks.HARNESS_MODULES), and the identity snapshot
@@ -46,8 +50,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from eval_harness import (DEFAULTS, LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, TOLERANCES, format_exception,
-                          truncate)
+from eval_harness import DEFAULTS, LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, TOLERANCES, format_exception
 from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, host_ints, is_float, nbytes,
                              outputs_intact, same, tensors, to_device, tolerance, unchanged,
                              within_kernels_reach)
@@ -55,6 +58,7 @@ from harness.instrumentation import Instrumentation
 from harness.processes import ask_memory, gpu_turn, memory_need, yield_turn
 from harness.timing import (median, median_ci_width, read_floor_ms, time_models, time_within_floor,
                             timing_rule, peak_bandwidth)
+from harness.verdict import KernelResult, truncate, verdict
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -183,7 +187,7 @@ def _worker_main(fd: int) -> None:
     try:
         result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
-        result = {"error_kind": _classify(e), "error": format_exception(e)}
+        result = verdict(_classify(e), format_exception(e))
     if profile_dir:
         profiler.disable()
         with contextlib.suppress(OSError):
@@ -250,12 +254,12 @@ def _classify(e: BaseException) -> str:
     return "crash" if _CUDA_FATAL.search(str(e)) else "runtime"
 
 
-def _fail(kind: str, error: str, details: dict, check: str | None = None, **fields) -> dict:
-    """A worker verdict; `check` names the check that fired (always set for reward_hack)."""
+def _fail(kind: str, error: str, details: dict, check: str | None = None, **fields) -> KernelResult:
+    """A failed verdict; `check` names the check that fired (always set for reward_hack)."""
     if check:
         details["check"] = check
         details["checks_fired"] = details.get("checks_fired", []) + [check]
-    return {"error_kind": kind, "error": error, "details": details, **fields}
+    return verdict(kind, error, details=details, **fields)
 
 
 def _since(clock: float) -> float:
@@ -301,7 +305,7 @@ class _Evaluation:
         self.cand_model = None                                # stage 3
         self.timing = {}                                      # stage 5: runtime_ms, ref_runtime_ms, speedup
 
-    def failed(self, kind: str, error: str, check: str | None = None) -> dict:
+    def failed(self, kind: str, error: str, check: str | None = None) -> KernelResult:
         """A verdict once the candidate has imported."""
         return _fail(kind, error, self.details, check, compiled=True, compile_s=self.compile_s)
 
@@ -312,17 +316,16 @@ def _gpu_memory_mb() -> list[int]:
     return [round(torch.cuda.max_memory_allocated() / 2**20), round(torch.cuda.memory_reserved() / 2**20)]
 
 
-def _job_evaluate(job: dict, conn: Connection) -> dict:
+def _job_evaluate(job: dict, conn: Connection) -> KernelResult:
     """One candidate's verdict. Each stage returns a failed verdict, or None to go on to the next one."""
     ev = _Evaluation(job, conn)
     for stage in (_load_reference, _build_candidate, _check_correctness, _check_coverage, _time_candidate):
-        verdict = stage(ev)
+        failed = stage(ev)
         if ev.device.type == "cuda":   # the process's GPU memory by the end of each stage (host-side counters)
             ev.details.setdefault("gpu_mb", {})[stage.__name__.strip("_")] = _gpu_memory_mb()
-        if verdict is not None:
-            return verdict
-    return {"error_kind": "ok", "error": "", "compiled": True, "compile_s": ev.compile_s, "details": ev.details,
-            **ev.timing}
+        if failed is not None:
+            return failed
+    return verdict("ok", compiled=True, compile_s=ev.compile_s, details=ev.details, **ev.timing)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -503,7 +506,7 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     return ref, init_inputs, ref_model, trials, ref_mutates
 
 
-def _load_reference(ev: _Evaluation) -> dict | None:
+def _load_reference(ev: _Evaluation) -> KernelResult | None:
     """Stage 1: the task's trials and reference outputs (_reference), before any candidate code exists in this
     process."""
     job, conn, details = ev.job, ev.conn, ev.details
@@ -532,7 +535,8 @@ def _bandwidth_floor_ms(trials: list, device, opts: dict) -> float:
 # Stage 2: the instrumentation (harness/instrumentation.py), then the candidate's import
 
 def _import_candidate(job: dict, send, details: dict) -> tuple:
-    """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here)."""
+    """Compile phase: install instrumentation, import the candidate (a CUDA extension builds here). Returns (the
+    candidate's module or None, the instrumentation, the verdict: a failed one, or "ok" with its compile_s)."""
     instr = Instrumentation(job["backend"], job["device"], "kz_candidate",   # harness time: before the clock
                              job["ref_src"])                                 # starts
     send(("phase", "compile"))
@@ -551,15 +555,15 @@ def _import_candidate(job: dict, send, details: dict) -> tuple:
     hit = instr.verify()
     if hit:
         return None, instr, _fail("reward_hack", hit[1], details, hit[0], compiled=True, compile_s=compile_s)
-    return cand, instr, {"compile_s": compile_s}
+    return cand, instr, verdict("ok", compiled=True, compile_s=compile_s, details=details)
 
 
-def _build_candidate(ev: _Evaluation) -> dict | None:
+def _build_candidate(ev: _Evaluation) -> KernelResult | None:
     """Stage 2: the instrumentation installed, then the candidate imported (a CUDA extension builds here)."""
-    ev.cand, ev.instr, info = _import_candidate(ev.job, ev.conn.send, ev.details)
+    ev.cand, ev.instr, imported = _import_candidate(ev.job, ev.conn.send, ev.details)
     if ev.cand is None:
-        return info
-    ev.compile_s = info["compile_s"]
+        return imported
+    ev.compile_s = imported.compile_s
     ev.conn.send(("phase", "run"))
     ev.instr.conn = ev.conn   # (Triton's JIT compiles announce themselves: jit_timeout)
     if ev.turn == "shared":   # Triton JIT compiles give it back meanwhile (off_gpu), and each trial may (yield_turn)
@@ -585,7 +589,7 @@ def _refill(args: list | None, pristine: list) -> list:
     return args
 
 
-def _check_correctness(ev: _Evaluation) -> dict | None:
+def _check_correctness(ev: _Evaluation) -> KernelResult | None:
     """Stage 3: every trial, the candidate on poisoned memory with its own input copies; its output compared with
     the reference's, its inputs with their pristine copies, the harness's references with their snapshot; two trials
     run twice (races, pitfall #13); the stored reference outputs checked for tampering at the end."""
@@ -662,7 +666,7 @@ def _kernel_coverage(model, inputs: list, device, instr: Instrumentation) -> dic
             "kernel_coverage": (sum(own.values()) / total) if total else 0.0}
 
 
-def _check_coverage(ev: _Evaluation) -> dict | None:
+def _check_coverage(ev: _Evaluation) -> KernelResult | None:
     """Stage 4: did the candidate's own kernels do the work? Triton: its launches were counted (a counted launch
     reached the driver, the profiler would add nothing but seconds of CUPTI start-up); CUDA on a GPU: one profiled
     forward. Any non-glue aten op recorded during forward is a PyTorch fallback (pitfall #11)."""
@@ -693,7 +697,7 @@ def _check_coverage(ev: _Evaluation) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Stage 5: timing (GPU only; the rule: harness/timing.py)
 
-def _time_candidate(ev: _Evaluation) -> dict | None:
+def _time_candidate(ev: _Evaluation) -> KernelResult | None:
     """Stage 5 (GPU only): reference and candidate timed interleaved (time_models), then the checks that timing
     gives a candidate new chances to fool: the snapshot, the stored reference outputs, the ops of the captured
     forward and the spot-checked outputs."""
@@ -758,13 +762,10 @@ def _time_candidate(ev: _Evaluation) -> dict | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # The other jobs: compile (GPU mode's CPU stage) and lint (task quality rules)
 
-def _job_compile(job: dict, conn: Connection) -> dict:
+def _job_compile(job: dict, conn: Connection) -> KernelResult:
     """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
-    details = {}
-    cand, instr, info = _import_candidate(job, conn.send, details)
-    if cand is None:
-        return info
-    return {"error_kind": "ok", "compiled": True, "compile_s": info["compile_s"], "details": details}
+    cand, instr, imported = _import_candidate(job, conn.send, {})
+    return imported
 
 
 def _repeatable(a, b) -> bool:

@@ -233,8 +233,8 @@ def test_harness_timing_floor_verdict_in_the_worker(monkeypatch):
     ev, verdict = stage(True)
     assert seen == {"floor_ms": pytest.approx(0.5 * 4 * 2**20 / 4e12 * 1e3), "checked": "cand", "graphs": True,
                     "below": True}
-    assert verdict["error_kind"] == "reward_hack" and verdict["details"]["check"] == "below_bandwidth_floor"
-    assert "bandwidth floor" in verdict["error"] and "1.30 us" in verdict["error"], verdict["error"]
+    assert verdict.error_kind == "reward_hack" and verdict.details["check"] == "below_bandwidth_floor"
+    assert "bandwidth floor" in verdict.error and "1.30 us" in verdict.error, verdict.error
     ev, verdict = stage(False)
     assert verdict is None and ev.timing["speedup"] == pytest.approx(0.41 / 0.0013)
     assert ev.details["read_floor_ms"] == pytest.approx(seen["floor_ms"])

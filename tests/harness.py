@@ -25,6 +25,7 @@ import harness.compare as hc
 import harness.instrumentation as hi
 import harness.processes as hp
 import harness.timing as ht
+import harness.verdict as hv
 import harness.worker as hw
 from tests.common import (ADD_TASK, CASES, CE_TASK, CONV_TASK, FORGED_VERDICT, GOOD_ADD, GOOD_AUTOTUNED, GOOD_MATMUL,
                           GOOD_RELU, GPU_MATMUL_TASK, GPU_RELU_TASK, HANG, MATMUL_SRC, MEAN_TASK, RAISE, RELU_KERNEL,
@@ -266,7 +267,8 @@ def test_harness_module_imported_after_the_snapshot_is_not_a_patch():
 
 def test_harness_snapshot_covers_every_harness_module():
     """The harness runs in a candidate's process as eval_harness.py and every module of the package harness/
-    (harness.static_checks.HARNESS_MODULES: processes.py, static_checks.py and the worker side in four files): the
+    (harness.static_checks.HARNESS_MODULES: processes.py, static_checks.py, verdict.py and the worker side in four
+    files): the
     identity snapshot holds the functions of all of them, and the bindings each imported from the others, so a patch
     of any of them reads as monkeypatch (pitfall 6). CASES' patch_worker_* rows do it from a candidate."""
     assert eh._precheck(CASES["patch_worker_runtime"][1], "triton") is None   # only the snapshot can see that one
@@ -282,11 +284,14 @@ def test_harness_snapshot_covers_every_harness_module():
                 "harness.processes.run_job", "harness.processes.memory_need", "harness.processes.yield_turn",
                 "harness.compare.judge_numbers", "harness.timing.time_models", "harness.timing.compare",
                 "harness.instrumentation._harness_snapshot", "harness.instrumentation.gpu_turn",
-                "harness.static_checks.static_check", "harness.static_checks.banned_name"):
+                "harness.static_checks.static_check", "harness.static_checks.banned_name",
+                "harness.verdict.verdict", "harness.verdict.well_formed", "harness.worker.verdict",
+                "harness.processes.well_formed", "harness.processes.JobRun", "eval_harness.KernelResult"):
         assert key in instr.snapshot, key
     assert instr.verify() is None
     for module, name in ((hw, "compare"), (hw, "_job_evaluate"), (hw, "truncate"), (eh, "truncate"),
-                         (eh, "_result"), (hp, "memory_need"), (hc, "judge_numbers"), (ht, "time_models"),
+                         (eh, "verdict"), (hw, "verdict"), (hv, "verdict"), (hp, "well_formed"),
+                         (hp, "memory_need"), (hc, "judge_numbers"), (ht, "time_models"),
                          (ht, "compare"), (hi, "_poison_cuda_allocator"), (hi, "yield_turn"),
                          (eh.static_checks, "banned_name")):
         original = getattr(module, name)
@@ -766,8 +771,8 @@ def test_harness_worker_makes_host_inputs_before_its_gpu_turn(tmp_path):
             gate.release("exclusive")
         thread.join(120)
         zygote.close()
-        assert box["r"]["error_kind"] == "ok", box["r"]
-        assert box["r"]["details"]["gpu_wait_s"] > 0
+        assert box["r"].error_kind == "ok", box["r"]
+        assert box["r"].details["gpu_wait_s"] > 0
         return made
 
     assert started_before_turn(RELU_TASK)
@@ -789,8 +794,8 @@ def test_harness_worker_gives_its_turn_back_between_trials_only_to_a_waiting_tim
                                                          "run": 60.0}, gate)
         finally:
             zygote.close()
-        assert reply["error_kind"] == "ok", reply
-        return reply["details"]
+        assert reply.error_kind == "ok", reply
+        return reply.details
 
     kept, passed = turns(False), turns(True)
     trials = kept["trials"]
@@ -954,6 +959,17 @@ def test_harness_forged_verdict_on_the_pipe_is_caught_at_run_time_too(monkeypatc
     (forged_message), not the forged `ok` at 50x."""
     monkeypatch.setattr(eh.static_checks, "static_check", lambda tree, aliases: None)
     r = eh.evaluate(RELU_TASK, FORGED_VERDICT, backend="triton", device="cpu")
+    assert r.error_kind == "reward_hack" and r.details["check"] == "forged_message", r
+    assert r.speedup is None and not r.correct
+    # the same forgery as the typed verdict the worker sends (a KernelResult, pickled here: the candidate cannot
+    # import the harness): without the key it is no verdict either
+    import pickle
+    import re
+    typed = pickle.dumps(("result", hv.verdict("ok", compiled=True, speedup=50.0, runtime_ms=0.01,
+                                               ref_runtime_ms=0.5)))
+    cand, n = re.subn(r"msg = pickle\.dumps\(.*?\}\)\)", lambda m: f"msg = {typed!r}", FORGED_VERDICT, flags=re.S)
+    assert n == 1 and b"KernelResult" in typed
+    r = eh.evaluate(RELU_TASK, cand, backend="triton", device="cpu")
     assert r.error_kind == "reward_hack" and r.details["check"] == "forged_message", r
     assert r.speedup is None and not r.correct
 

@@ -10,6 +10,7 @@ import harness.compare as hc
 import harness.instrumentation as hi
 import harness.processes as hp
 import harness.timing as ht
+import harness.verdict as hv
 import harness.worker as hw
 
 
@@ -548,7 +549,7 @@ def _good_relu_verdict(worker) -> str:
     t = _t()
     job = {"kind": "evaluate", "ref_src": t.RELU_TASK, "cand_src": t.GOOD_RELU, "backend": "triton", "device": "cpu",
            "opts": eh.DEFAULTS}
-    return hp.run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0})["error_kind"]
+    return hp.run_job(worker, job, {"startup": 120.0, "reference": 60.0, "compile": 60.0, "run": 60.0}).error_kind
 
 
 def _hold_output(worker) -> threading.Event:
@@ -631,7 +632,7 @@ def _scripted_details(script, gate, limits: dict) -> dict:
     thread.start()
     script(worker.other)
     thread.join(30)
-    return box["r"]["details"]
+    return box["r"].details
 
 
 def test_harness_jit_compile_has_its_own_time_limit():
@@ -661,8 +662,8 @@ def test_harness_jit_compile_has_its_own_time_limit():
 
     clock = time.monotonic()
     hung = reply(stuck_in_ptxas)
-    assert hung["error_kind"] == "timeout" and "a Triton JIT compile ran past 0.5 s" in hung["error"], hung
-    assert hung["details"]["jit"] and hung["compiled"] is False, hung
+    assert hung.error_kind == "timeout" and "a Triton JIT compile ran past 0.5 s" in hung.error, hung
+    assert hung.details["jit"] and hung.compiled is False, hung
     assert time.monotonic() - clock < 20   # (the run phase's limit, 30 s, did not decide it)
 
     def compiles_then_runs(conn):
@@ -673,20 +674,45 @@ def test_harness_jit_compile_has_its_own_time_limit():
             time.sleep(0.1)
             conn.send(("jit", False))
         time.sleep(1.0)
-        conn.send(("result", {"error_kind": "ok"}, job["key"]))
+        conn.send(("result", hv.verdict("ok"), job["key"]))
 
-    assert reply(compiles_then_runs)["error_kind"] == "ok"
+    assert reply(compiles_then_runs).error_kind == "ok"
+
+
+def _ill_formed_verdicts() -> dict:
+    """KernelResults that verdict() never makes, each as a candidate could pickle one onto the pipe: what
+    hv.well_formed rejects (name -> result)."""
+    import dataclasses
+
+    class Subclass(eh.KernelResult):
+        pass
+    extra, missing, lying = hv.verdict("ok", speedup=50.0), hv.verdict("ok", speedup=50.0), hv.verdict("ok")
+    extra.trusted = True
+    del missing.details
+    lying.__class__ = Subclass
+    return {"correct but a mismatch": dataclasses.replace(hv.verdict("mismatch"), correct=True),
+            "ok but not correct": dataclasses.replace(hv.verdict("ok"), correct=False),
+            "correct as 1": dataclasses.replace(hv.verdict("ok"), correct=1),
+            "no such kind": eh.KernelResult(compiled=True, correct=False, error_kind="great"),
+            "compiled as 1": eh.KernelResult(compiled=1, correct=True, error_kind="ok"),
+            "speedup as text": eh.KernelResult(compiled=True, correct=True, error_kind="ok", speedup="50"),
+            "speedup as a bool": eh.KernelResult(compiled=True, correct=True, error_kind="ok", speedup=True),
+            "error not text": eh.KernelResult(compiled=True, correct=False, error_kind="runtime", error=None),
+            "details not a dict": eh.KernelResult(compiled=True, correct=True, error_kind="ok", details=[]),
+            "an extra attribute": extra, "a field missing": missing, "a subclass": lying}
 
 
 def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
     """The candidate runs in the worker and can write to the worker's pipe: a result there without the job's key
     (run_job sends a fresh one with each job), or bytes that are no message, make the verdict `reward_hack`
-    (check "forged_message"), whatever the forged result says; the worker's own result, with the key, stands."""
+    (check "forged_message"), whatever the forged result says; so does a result with the key that is no verdict as
+    the worker makes one (a dict, or a KernelResult whose fields disagree: hv.well_formed); the worker's own result,
+    with the key, stands, and run_job returns that very object."""
     limits = {"startup": 30.0, "reference": 30.0, "run": 30.0}
 
-    def reply(send) -> dict:
+    def reply(send, kind: str = "evaluate") -> eh.KernelResult | dict:
         worker, box = _ScriptedWorker(), {}
-        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": "evaluate"}, limits)))
+        thread = threading.Thread(target=lambda: box.update(r=hp.run_job(worker, {"kind": kind}, limits)))
         thread.start()
         worker.other.send(("ready", 0))
         job = worker.other.recv()
@@ -694,7 +720,7 @@ def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
         thread.join(30)
         return box["r"]
 
-    ok = {"error_kind": "ok", "correct": True, "speedup": 50.0}
+    ok = hv.verdict("ok", compiled=True, speedup=50.0, runtime_ms=0.01, ref_runtime_ms=0.5, compile_s=0.1)
     keys = set()
     for send in (lambda conn, job: conn.send(("result", ok)),                 # no key
                  lambda conn, job: conn.send(("result", ok, "0" * 32)),       # a guessed key
@@ -710,27 +736,59 @@ def test_harness_result_forged_on_the_pipe_is_a_reward_hack():
                  lambda conn, job: conn.send(("mem", -1, 0)),
                  lambda conn, job: conn.send(("hello",))):
         r = reply(lambda conn, job, send=send: (keys.add(job["key"]), send(conn, job)))
-        assert r["error_kind"] == "reward_hack" and r["details"]["check"] == "forged_message", r
+        assert r.error_kind == "reward_hack" and r.details["check"] == "forged_message", r
+        assert not r.correct and r.speedup is None and isinstance(r, eh.KernelResult)
     assert len(keys) == 10 and all(len(k) == 32 for k in keys)   # (a fresh key per job)
+    # with the key (a candidate that found it), a result that is no verdict of the worker's: an untyped dict (also
+    # a lint job's report: not for an evaluation), or a KernelResult as verdict() never makes one
+    forgeries = {"a dict": {"error_kind": "ok", "correct": True, "speedup": 50.0},
+                 "a lint report": {"ok": True, "problems": [], "eager_ms": 1.0, "input_mb": 1.0},
+                 **{k: v for k, v in _ill_formed_verdicts().items() if k != "a subclass"}}   # (a local class)
+    for name, forgery in forgeries.items():
+        r = reply(lambda conn, job, forgery=forgery: conn.send(("result", forgery, job["key"])))
+        assert r.error_kind == "reward_hack" and r.details["check"] == "forged_message", (name, r)
     # the worker's own phases, forward (some skipped), then its result with the key: the verdict stands
-    assert reply(lambda conn, job: [conn.send(m) for m in (
-        ("phase", "reference"), ("phase", "run"), ("result", ok, job["key"]))])["error_kind"] == "ok"
-    assert reply(lambda conn, job: conn.send(("result", ok, job["key"])))["error_kind"] == "ok"
+    r = reply(lambda conn, job: [conn.send(m) for m in (
+        ("phase", "reference"), ("phase", "run"), ("result", ok, job["key"]))])
+    assert r.error_kind == "ok" and r.correct and r.speedup == 50.0 and r.compile_s == 0.1, r
+    assert r.details["phase_s"].keys() == {"startup", "reference", "run"}   # (the parent's timings, added to it)
+    assert reply(lambda conn, job: conn.send(("result", ok, job["key"]))).error_kind == "ok"
+    # a lint job's result is its report (a dict), or a verdict where it has none (the worker's own error)
+    report = {"ok": True, "problems": [], "eager_ms": 1.0, "input_mb": 1.0}
+    r = reply(lambda conn, job: conn.send(("result", report, job["key"])), kind="lint")
+    assert type(r) is dict and r["ok"] and "phase_s" in r["details"], r
+    r = reply(lambda conn, job: conn.send(("result", hv.verdict("runtime", "boom"), job["key"])), kind="lint")
+    assert r.error_kind == "runtime" and r.error == "boom", r
 
 
 def test_harness_forged_knows_every_message_the_worker_sends():
     """hp.forged passes the worker's own messages, each in the shape it sends them (a check that rejected one would
-    make honest candidates reward hacks), and rejects each kind in another shape."""
+    make honest candidates reward hacks), and rejects each kind in another shape; a result is a well-formed verdict
+    (a lint job's: or its report, a dict)."""
     key = "k" * 32
     honest = [("ready", 123), ("phase", "reference"), ("gpu", "shared"), ("gpu", "exclusive"), ("gpu", "none"),
-              ("mem", 2**30, 0), ("jit", True), ("jit", False), ("timer?",), ("result", {"error_kind": "ok"}, key)]
+              ("mem", 2**30, 0), ("jit", True), ("jit", False), ("timer?",), ("result", hv.verdict("ok"), key)]
     assert [m for m in honest if hp.forged(m, key, "startup")] == []
     assert set(hp.MESSAGES) == {m[0] for m in honest}   # (a new kind of message gets its case here)
     bad = [("ready",), ("phase", "startup"), ("phase", "reference", 1), ("gpu", "all"), ("mem", 1.0, 0),
-           ("mem", 1, -1), ("mem", True, 0), ("jit", 1), ("timer?", 1), ("result", {}, "x" * 32),
-           ("result", [], key), ("nothing",), (), ["ready", 1], "result"]
+           ("mem", 1, -1), ("mem", True, 0), ("jit", 1), ("timer?", 1), ("result", hv.verdict("ok"), "x" * 32),
+           ("result", {"error_kind": "ok"}, key), ("result", [], key), ("nothing",), (), ["ready", 1], "result"]
     assert [m for m in bad if not hp.forged(m, key, "startup")] == []
     assert hp.forged(("phase", "run"), key, "run") and not hp.forged(("phase", "run"), key, "compile")
+    # every kind of verdict the worker and the parent make is well formed; none of the ill-formed ones is
+    made = [hv.verdict(kind) for kind in eh.ERROR_KINDS] + [
+        hv.verdict("ok", compiled=True, compile_s=0.5, speedup=2.0, runtime_ms=0.1, ref_runtime_ms=0.2,
+                   details={"trials": 5}), hv.verdict("mismatch", "wrong " * 1000, compiled=True, compile_s=1)]
+    assert all(hv.well_formed(v) and not hp.forged(("result", v, key), key, "run") for v in made)
+    ill = _ill_formed_verdicts()
+    assert [name for name, v in ill.items() if hv.well_formed(v) or not hp.forged(("result", v, key), key, "run")] == []
+    # a lint job's report is a dict; its verdicts (a worker's error) pass too; an evaluation's dict does not
+    report = {"ok": False, "problems": ["degenerate"], "eager_ms": None, "input_mb": 1.0}
+    assert not hp.forged(("result", report, key), key, "reference", "lint")
+    assert not hp.forged(("result", hv.verdict("runtime", "x"), key), key, "reference", "lint")
+    assert hp.forged(("result", report, key), key, "reference", "evaluate")
+    assert hp.forged(("result", report, key), key, "compile", "compile")
+    assert hp.forged(("result", [], key), key, "reference", "lint")
 
 
 def test_harness_exclusive_turn_time_is_reported():
@@ -756,7 +814,7 @@ def test_harness_exclusive_turn_time_is_reported():
         conn.send(("gpu", "shared"))
         conn.recv()
         time.sleep(1.0)   # checks after timing, not alone: not counted
-        conn.send(("result", {"error_kind": "ok"}, job["key"]))
+        conn.send(("result", hv.verdict("ok"), job["key"]))
 
     details = run(timer)
     assert 0.35 < details["exclusive_s"] < 0.95 and 0.25 < details["exclusive_wait_s"] < 0.95, details
@@ -767,7 +825,7 @@ def test_harness_exclusive_turn_time_is_reported():
         job = conn.recv()
         conn.send(("gpu", "shared"))
         conn.recv()
-        conn.send(("result", {"error_kind": "mismatch"}, job["key"]))
+        conn.send(("result", hv.verdict("mismatch"), job["key"]))
 
     assert "exclusive_s" not in run(checker)
 
@@ -803,7 +861,7 @@ def test_harness_longest_shared_stretch_is_reported():
             time.sleep(0.6)                # alone: not a shared stretch
             ask(conn, "gpu", "shared")
             time.sleep(tail)               # checks after timing, up to the verdict
-            conn.send(("result", {"error_kind": "ok"}, job["key"]))
+            conn.send(("result", hv.verdict("ok"), job["key"]))
         return script
 
     details = run(worker(prelude=0.4, trial=0.2))
@@ -817,7 +875,7 @@ def test_harness_longest_shared_stretch_is_reported():
         conn.send(("ready", 0))
         job = conn.recv()
         time.sleep(0.2)
-        conn.send(("result", {"error_kind": "compile"}, job["key"]))
+        conn.send(("result", hv.verdict("compile"), job["key"]))
     assert "longest_shared_s" not in run(never)
 
 
@@ -960,7 +1018,7 @@ def test_harness_a_waiting_timer_gets_the_gpu_between_trials(tmp_path):
         relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
         return out''', extra="import time\n")
     reply, when, total = _timer_during(t.RELU_TASK, slow, calls)
-    assert reply["error_kind"] == "ok", reply
+    assert reply.error_kind == "ok", reply
     assert total >= eh.DEFAULTS["trials"] + 1   # trials + the two self-agreement reruns
     assert 1 <= when < total, (when, total)   # in before the end (typically after the first trial: 2 forwards)
 
@@ -975,7 +1033,7 @@ def test_harness_a_waiting_timer_gets_the_gpu_between_reference_outputs(tmp_path
         time.sleep(0.3)
         return torch.relu(x)''')
     reply, when, total = _timer_during(slow_task, t.GOOD_RELU, calls)
-    assert reply["error_kind"] == "ok", reply
+    assert reply.error_kind == "ok", reply
     assert total >= eh.DEFAULTS["trials"] + 1   # one reference forward per trial (the heavy one included)
     assert 1 <= when < total, (when, total)   # (typically 1: in after the first reference output)
 
@@ -997,7 +1055,7 @@ def test_harness_worker_threads_follow_the_pool():
             reply = hp.run_job(pool.take(), job, limits)
         finally:
             pool.close()
-        kinds[threads] = (reply["error_kind"], reply.get("error", "")[:200])
+        kinds[threads] = (reply.error_kind, reply.error[:200])
     assert kinds[1][0] == "ok", kinds
     if len(os.sched_getaffinity(0)) >= 2:
         assert kinds[2][0] == "runtime" and "AssertionError: 2" in kinds[2][1], kinds
