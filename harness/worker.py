@@ -66,7 +66,7 @@ from harness.verdict import KernelResult, truncate, verdict
 
 def _zygote_imports() -> None:
     """What a zygote does once for all its workers: the imports and first uses that cost seconds. Nothing here may
-    touch the CUDA driver or start a thread (tests/harness_throughput.py checks both)."""
+    touch the CUDA driver or start a thread (tests/test_harness_throughput.py checks both)."""
     import torch.utils._python_dispatch  # noqa: F401  (the op recorder's base class)
     with torch.device("meta"):   # the first meta tensor imports torch's meta kernels (seconds), which a worker
         (torch.randn(2) * 2).sum()   # would otherwise pay in _trial_bytes_on_meta while it holds its GPU slot

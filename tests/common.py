@@ -489,5 +489,35 @@ GPU_RELU_TASK = RELU_TASK.replace("N = 4096", "N = 64 * 1024 * 1024")   # 256 MB
 GPU_MATMUL_TASK = MATMUL_TASK
 
 
-def _trainer_close(t, values, atol=1e-6):
+def values_close(t, values, atol=1e-6):
     assert torch.allclose(torch.as_tensor(t, dtype=torch.float), torch.tensor(values, dtype=torch.float), atol=atol), t
+
+
+def stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
+    """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that time_models runs on
+    the CPU; `log` gets "record" for every start/end event recorded, "sync" for every wait on one and "device sync"
+    for every torch.cuda.synchronize(). Returns three ReLU trials of 64 values."""
+    class Event:
+        def __init__(self, **kwargs):
+            pass
+
+        def record(self):
+            if log is not None:
+                log.append("record")
+
+        def synchronize(self):
+            if log is not None:
+                log.append("sync")
+
+        def elapsed_time(self, other):
+            return 0.1
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    def synchronize(*args):
+        if log is not None:
+            log.append("device sync")
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    trials = [{"inputs": [torch.randn(64)], "heavy": False} for _ in range(3)]
+    for trial in trials:
+        trial["out"] = torch.relu(trial["inputs"][0])
+    return trials

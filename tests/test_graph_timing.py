@@ -17,7 +17,7 @@ import eval_harness as eh
 import harness.compare as hc
 import harness.timing as ht
 import harness.worker as hw
-from tests.harness_throughput import _stand_in_cuda_events
+from tests.common import stand_in_cuda_events
 
 CPU = torch.device("cpu")
 
@@ -50,7 +50,7 @@ def test_harness_timing_poisoned_outputs_cannot_pass_the_comparison():
 def _mean_square_trials(monkeypatch):
     """Stand-in events, and trials of a model whose output hardly depends on its input values (the mean square of
     random data, as the measured hole's mean loss): the two timed sets' outputs agree within the tolerance used."""
-    trials, g = _stand_in_cuda_events(monkeypatch), torch.Generator().manual_seed(0)
+    trials, g = stand_in_cuda_events(monkeypatch), torch.Generator().manual_seed(0)
     for trial in trials:
         trial["inputs"] = [torch.randn(64, generator=g)]
         trial["out"] = (trial["inputs"][0] ** 2).mean()
@@ -241,7 +241,7 @@ def test_harness_timing_floor_verdict_in_the_worker(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# GPU tests (python -m pytest -q -m gpu test_kernelzero.py -k "timing_floor or legacy_stream")
+# GPU tests (python -m pytest -q -m gpu tests/test_graph_timing.py)
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 

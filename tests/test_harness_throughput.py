@@ -12,6 +12,7 @@ import harness.processes as hp
 import harness.timing as ht
 import harness.verdict as hv
 import harness.worker as hw
+from tests.common import stand_in_cuda_events
 
 
 def _t():
@@ -1061,41 +1062,11 @@ def test_harness_worker_threads_follow_the_pool():
         assert kinds[2][0] == "runtime" and "AssertionError: 2" in kinds[2][1], kinds
 
 
-def _stand_in_cuda_events(monkeypatch, log: list | None = None) -> list:
-    """CUDA events and synchronize replaced by stand-ins (every timed rep reads 0.1 ms), so that time_models runs on
-    the CPU; `log` gets "record" for every start/end event recorded, "sync" for every wait on one and "device sync"
-    for every torch.cuda.synchronize(). Returns three ReLU trials of 64 values."""
-    class Event:
-        def __init__(self, **kwargs):
-            pass
-
-        def record(self):
-            if log is not None:
-                log.append("record")
-
-        def synchronize(self):
-            if log is not None:
-                log.append("sync")
-
-        def elapsed_time(self, other):
-            return 0.1
-    monkeypatch.setattr(eh.torch.cuda, "Event", Event)
-
-    def synchronize(*args):
-        if log is not None:
-            log.append("device sync")
-    monkeypatch.setattr(eh.torch.cuda, "synchronize", synchronize)
-    trials = [{"inputs": [eh.torch.randn(64)], "heavy": False} for _ in range(3)]
-    for trial in trials:
-        trial["out"] = eh.torch.relu(trial["inputs"][0])
-    return trials
-
-
 def test_harness_timing_spot_checks_are_few_and_still_catch_replays(monkeypatch):
     """time_models on the CPU with stand-in CUDA events: SPOT_CHECKS outputs are compared (each is GPU work that
     every other worker waits for), covering both input sets, so a model replaying an old output is always caught,
     and a reference output the candidate overwrote during timing is seen (ref_intact)."""
-    trials = _stand_in_cuda_events(monkeypatch)
+    trials = stand_in_cuda_events(monkeypatch)
     torch = eh.torch
     cpu = torch.device("cpu")
     for adaptive in (False, True):
@@ -1137,7 +1108,7 @@ def test_harness_graph_timing_replays_what_was_captured_or_falls_back(monkeypatc
     host read waits for the other workers' time slices, the replays' checks are read once and the warm-up reps not
     at all."""
     log = []
-    trials = _stand_in_cuda_events(monkeypatch, log)
+    trials = stand_in_cuda_events(monkeypatch, log)
     torch, cpu = eh.torch, eh.torch.device("cpu")
     tolist = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: log.append("read") or tolist(self))

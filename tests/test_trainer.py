@@ -25,7 +25,7 @@ from plumbing.console import graph_timed_frac
 from plumbing.distributed import pad_rows
 from plumbing.lora import LoRALinear, adapters, add_lora, merged_state_dict, read_adapter
 from plumbing.policy import autocast, refresh_sampler, wrap_policy
-from tests.common import _trainer_close
+from tests.common import values_close
 
 # ---- the phases on fakes: the ablations
 
@@ -264,11 +264,11 @@ def test_trainer_logprobs_ignore_left_padding():
     lp1 = kz.sequence_logprobs(model, seq.input_ids, seq.attention_mask, 5, 0.7)
     lp2 = kz.sequence_logprobs(model, padded.input_ids[:1], padded.attention_mask[:1], 5, 0.7)
     assert padded.attention_mask[0, 0] == 0  # really left-padded
-    _trainer_close(lp1, lp2.tolist(), atol=1e-5)
+    values_close(lp1, lp2.tolist(), atol=1e-5)
     # temperature divides the logits: the log-probs are those of the sampled distribution
     logits = model(input_ids=seq.input_ids).logits[0, -6:-1] / 0.7
     manual = torch.log_softmax(logits, -1).gather(-1, seq.input_ids[0, -5:, None]).squeeze(-1)
-    _trainer_close(lp1[0], manual.tolist(), atol=1e-5)
+    values_close(lp1[0], manual.tolist(), atol=1e-5)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "sdpa_gqa"])
@@ -293,7 +293,7 @@ def test_trainer_logprobs_finite_when_sdpa_gives_nan_for_a_query_without_keys(mo
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", nan_for_empty_rows)
     assert torch.isnan(model(input_ids=ids, attention_mask=mask).logits).any()   # the emulation bites
     lp = kz.sequence_logprobs(model, ids, mask, 6, 1.0)
-    _trainer_close(lp, expect.tolist(), atol=1e-5)
+    values_close(lp, expect.tolist(), atol=1e-5)
     lp.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     assert sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None) > 0
@@ -338,9 +338,9 @@ def test_trainer_chunked_logprobs_match_unchunked_values_and_gradients(tied):
         logits_saved = [s for s in saved if len(s) == 3 and s[0] == 3 and s[-1] == V]   # (B, positions, V)
         assert max((math.prod(s) for s in logits_saved), default=0) == (3 * 11 * V if chunk in (0, 11) else 0)
         with torch.no_grad():   # the old / reference log-prob passes
-            _trainer_close(kz.sequence_logprobs(model, ids, mask, 11, 0.7, chunk), lp.tolist(), atol=1e-5)
+            values_close(kz.sequence_logprobs(model, ids, mask, 11, 0.7, chunk), lp.tolist(), atol=1e-5)
     for chunk in (4, 11):
-        _trainer_close(out[chunk][0], out[0][0].tolist(), atol=1e-5)
+        values_close(out[chunk][0], out[0][0].tolist(), atol=1e-5)
         assert out[chunk][1].keys() == out[0][1].keys()
         for name, g in out[0][1].items():
             assert g.abs().sum() > 0, name
@@ -353,7 +353,7 @@ def test_trainer_chunked_logprobs_skip_models_that_postprocess_logits(monkeypatc
     expect = kz.sequence_logprobs(model, ids, mask, 11, 1.0)
     monkeypatch.setattr(model.config, "final_logit_softcapping", 30.0, raising=False)
     monkeypatch.setattr(model, "get_decoder", lambda: pytest.fail("chunked path taken"))
-    _trainer_close(kz.sequence_logprobs(model, ids, mask, 11, 1.0, 4), expect.tolist(), atol=1e-6)
+    values_close(kz.sequence_logprobs(model, ids, mask, 11, 1.0, 4), expect.tolist(), atol=1e-6)
 
 
 def test_trainer_rollout_shapes_and_masks():
@@ -368,7 +368,7 @@ def test_trainer_rollout_shapes_and_masks():
     expect = kz.completion_mask(b["input_ids"][:, -12:], kz.stop_ids(pol.tok))
     assert torch.equal(b["completion_mask"], expect)
     again = kz.sequence_logprobs(pol.model, b["input_ids"], b["attention_mask"], 12, cfg.temperature)
-    _trainer_close(b["old_logprobs"], again.tolist(), atol=1e-5)
+    values_close(b["old_logprobs"], again.tolist(), atol=1e-5)
     assert torch.all(b["old_logprobs"] <= 0)
 
 
@@ -382,7 +382,7 @@ def test_trainer_greedy_rollout_is_deterministic():
         runs.append(kz.rollout(pol.model, pol.tok, ["ab", "cd"], cfg, pol.sampler))
     assert torch.equal(runs[0]["input_ids"], runs[1]["input_ids"])
     again = kz.sequence_logprobs(pol.model, runs[0]["input_ids"], runs[0]["attention_mask"], 10, 1.0)
-    _trainer_close(runs[0]["old_logprobs"], again.tolist(), atol=1e-5)
+    values_close(runs[0]["old_logprobs"], again.tolist(), atol=1e-5)
     sampled = dataclasses.replace(cfg, temperature=1.0)
     outs = []
     for seed in (1, 2):
@@ -475,7 +475,7 @@ def test_trainer_greedy_rollout_same_with_gqa_attention_on_and_off():
     assert out[True]["completion_mask"].sum() >= 8   # real completions, not all an immediate EOS
     assert torch.equal(out[True]["input_ids"], out[False]["input_ids"])
     assert out[True]["completions"] == out[False]["completions"]
-    _trainer_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-5)
+    values_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-5)
 
 
 def test_trainer_rollout_pads_the_last_batch_and_drops_the_copies():
@@ -498,7 +498,7 @@ def test_trainer_rollout_pads_the_last_batch_and_drops_the_copies():
         assert torch.equal(out[True][key], out[False][key]), key
     assert out[True]["completions"] == out[False]["completions"]
     assert out[True]["timing"]["new_tokens"] == out[False]["timing"]["new_tokens"]
-    _trainer_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-6)
+    values_close(out[True]["old_logprobs"], out[False]["old_logprobs"].tolist(), atol=1e-6)
 
 
 def test_trainer_lean_rollout_cuts_completions_and_the_update_matches_the_scored_one():
@@ -529,7 +529,7 @@ def test_trainer_lean_rollout_cuts_completions_and_the_update_matches_the_scored
     stats = [kz.policy_update(p, b, adv, cfg) for p, b in ((pols[0], full), (pols[1], lean))]
     assert stats[1]["ratio_max"] == pytest.approx(1.0) and stats[1]["loss"] == pytest.approx(stats[0]["loss"], abs=1e-5)
     for a, b in zip(pols[0].model.parameters(), pols[1].model.parameters()):
-        _trainer_close(a, b.tolist(), atol=1e-7)
+        values_close(a, b.tolist(), atol=1e-7)
     with pytest.raises(kz.UsageError, match="--ppo-epochs must be 1"):
         kz.parse_config(["--preset", "tiny", "--lean-rollouts", "--ppo-epochs", "2"])
 
@@ -578,7 +578,7 @@ def test_trainer_update_microbatching_matches_one_batch():
         grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
         assert stats["tokens"] == float(b["completion_mask"].sum()) and stats["ratio_mean"] == pytest.approx(1, abs=1e-4)
     assert grads[0].abs().sum() > 0
-    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+    values_close(grads[1], grads[0].tolist(), atol=1e-6)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
@@ -598,7 +598,7 @@ def test_trainer_blank_rows_change_no_gradient_and_no_stat(agg):
         stats.append(kz.policy_update(pol, kz.blank_rows(b, blank), pad_rows(adv, blank), cfg, normaliser))
         grads.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()]))
     assert grads[0].abs().sum() > 0 and stats[0]["tokens"] == float(b["completion_mask"].sum())
-    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+    values_close(grads[1], grads[0].tolist(), atol=1e-6)
     assert stats[1] == pytest.approx(stats[0], rel=1e-5)
 
 
@@ -627,7 +627,7 @@ def test_trainer_update_with_chunked_logprobs_matches_unchunked():
     pols = [kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu")) for _ in range(2)]
     b = kz.rollout(pols[0].model, pols[0].tok, ["ab", "cd", "ef", "gh"] * 2, cfg)
     chunked = kz.rollout(pols[0].model, pols[0].tok, ["ab"], dataclasses.replace(cfg, logprob_chunk=4))
-    _trainer_close(chunked["old_logprobs"], kz.sequence_logprobs(pols[0].model, chunked["input_ids"],
+    values_close(chunked["old_logprobs"], kz.sequence_logprobs(pols[0].model, chunked["input_ids"],
                    chunked["attention_mask"], 10, cfg.temperature).tolist(), atol=1e-5)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -1.0, -1.0])
     grads, stats = [], []
@@ -638,7 +638,7 @@ def test_trainer_update_with_chunked_logprobs_matches_unchunked():
     assert stats[0]["kl"] > 0 and grads[0].abs().sum() > 0
     for k in ("loss", "kl", "ratio_mean", "grad_norm"):
         assert stats[1][k] == pytest.approx(stats[0][k], rel=1e-4, abs=1e-7), k
-    _trainer_close(grads[1], grads[0].tolist(), atol=1e-6)
+    values_close(grads[1], grads[0].tolist(), atol=1e-6)
 
 
 def test_trainer_learning_through_rollout_and_update():
@@ -718,7 +718,7 @@ def test_trainer_lora_sampler_gets_the_merged_weights():
     expect = _lora_logits(pol.model, ids)
     assert not torch.allclose(_lora_logits(plain, ids), expect, atol=1e-3)
     refresh_sampler(pol)
-    _trainer_close(_lora_logits(plain, ids), expect.tolist(), atol=1e-5)
+    values_close(_lora_logits(plain, ids), expect.tolist(), atol=1e-5)
     merged = merged_state_dict(pol.model.state_dict(), 8.0 / 2)
     assert merged.keys() == plain.state_dict().keys()
     assert all(torch.allclose(merged[k], v, atol=1e-6) for k, v in plain.state_dict().items())
@@ -771,7 +771,7 @@ def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
     ids = torch.randint(0, 200, (2, 12))
     plain, _ = models.load_model(str(tmp_path / "coder"))
     assert not adapters(plain)
-    _trainer_close(_lora_logits(plain, ids), _lora_logits(pol.model, ids).tolist(), atol=1e-5)
+    values_close(_lora_logits(plain, ids), _lora_logits(pol.model, ids).tolist(), atol=1e-5)
     go_on = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"), sft_path=str(tmp_path / "coder"))
     assert torch.equal(_lora_logits(go_on.model, ids), _lora_logits(pol.model, ids))
     with pytest.raises(SystemExit, match="rank 4 .*rank 8"):
@@ -814,7 +814,7 @@ def test_trainer_lora_gradient_is_the_full_gradient_through_the_adapter():
         objective(m).backward()
     for name, lora in adapters(model).items():
         w_grad = full.get_submodule(name).weight.grad
-        _trainer_close(lora.lora_b.grad, (lora.scale * w_grad @ lora.lora_a.detach().t()).tolist(), atol=1e-5)
+        values_close(lora.lora_b.grad, (lora.scale * w_grad @ lora.lora_a.detach().t()).tolist(), atol=1e-5)
         assert not lora.lora_a.grad.any()
     with torch.no_grad():
         before = objective(model)
@@ -926,11 +926,11 @@ def test_trainer_malformed_completions_and_reward_plumbing():
     assert len(ev.pairs) == 5 and all(ref == "REF" for ref, _ in ev.pairs)  # format failures never reach the harness
     correct, speedup = kz.kernel_scores(results)
     rewards, gate = kz.ca_grpo_rewards(correct, speedup, 4)
-    _trainer_close(gate, [0, 0, 0, 0, 1, 1, 1, 1])  # group 1: 1/4 correct < tau
+    values_close(gate, [0, 0, 0, 0, 1, 1, 1, 1])  # group 1: 1/4 correct < tau
     b = 0.3 * math.log(2)
-    _trainer_close(rewards, [1, 0, 0, 0, 1 + 0.3 * math.log(4), 1 + b, 1 + b, 0], atol=1e-6)
+    values_close(rewards, [1, 0, 0, 0, 1 + 0.3 * math.log(4), 1 + b, 1 + b, 0], atol=1e-6)
     adv = kz.group_advantages(rewards, 4)
-    _trainer_close(adv[:4], [1.4997, -0.4999, -0.4999, -0.4999], atol=1e-4)
+    values_close(adv[:4], [1.4997, -0.4999, -0.4999, -0.4999], atol=1e-4)
     assert adv[4] > adv[5] == adv[6] > adv[7]
 
 
@@ -959,7 +959,7 @@ def test_trainer_validate_modules_with_the_harness():
     assert out == codes   # (the CPU linter has no time floor: nothing was resized)
     codes, sets, valid, hashes = codes[:-1], sets[:-1], valid[:-1], hashes[:-1]
     assert hashes[0] == hashes[3] == hashes[4] and hashes[1] is None and hashes[5] is None
-    _trainer_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
+    values_close(kz.repetition_penalty(hashes, valid), [2 / 6, 0, 0, 2 / 6, 2 / 6, 0])
 
 
 def test_trainer_validate_modules_rejects_held_out_tasks_at_any_size():

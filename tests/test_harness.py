@@ -4,7 +4,7 @@ tests/common.py), isolation (timeouts, crashes, no processes left), the GPU gate
 
 CPU tests run Triton candidates under the interpreter. Most CPU cases are evaluated together in one Evaluator batch
 per option set (worker start-up is the expensive part on a 2-core machine) and each test asserts its own verdict.
-GPU tests: `python -m pytest -q -m gpu test_kernelzero.py` on a machine with CUDA.
+GPU tests: `python -m pytest -q -m gpu tests/test_harness.py` on a machine with CUDA.
 """
 import collections
 import functools
@@ -881,7 +881,7 @@ def test_harness_cli_check_run_lint(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# GPU tests (run on a GPU machine: python -m pytest -q -m gpu test_kernelzero.py)
+# GPU tests (run on a GPU machine: python -m pytest -q -m gpu tests/test_harness.py)
 
 CUDA_RELU = '''
 import torch
