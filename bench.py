@@ -45,7 +45,7 @@ How it departs from KernelBench's scripts: (1) builds are timed in fresh process
 (2) the sequential baseline checks 3 trials with atol = rtol = 1e-4 (KernelBench: 5 trials, 1e-2).
 
 `rollout` and `train` time the trainer's own code on any kernelzero model name (default: the named offline model
-qwen-coder-0.5b, which needs its packages, see README) and on a random Qwen2 model shaped like Qwen2.5-Coder-1.5B (no
+qwen-coder-0.5b, which needs its packages, see docs/training.md, "Models") and on a random Qwen2 model shaped like Qwen2.5-Coder-1.5B (no
 download; Qwen's or SmolLM2's tokenizer when installed, for realistic prompt lengths).
   rollout: Coder prompts (level-1 modules) through kernelzero.rollout with the trainer's Config (bf16 sampler, static
       cache + compiled decode, then the fp32 log-prob pass), `rollout_new_tokens` per completion, at each batch of

@@ -50,7 +50,7 @@ Run:
     python kernelzero.py                                  # default: Qwen2.5-Coder-0.5B, SFT warm start, then the loop
     python kernelzero.py --preset tiny --device cpu       # random tiny model, two rounds on the CPU (CI)
     torchrun --standalone --nproc_per_node 8 kernelzero.py  # one GPU node: each rank its share of the rollouts and
-                                                          # kernels, FSDP2 updates (README, "One GPU node: torchrun")
+                                                          # kernels, FSDP2 updates (docs/training.md, "One GPU node: torchrun")
     python kernelzero.py --resume --run-dir runs/kernelzero --rounds 40
     python kernelzero.py --lora-rank 8 --lr 1e-5 --proposer-lr 1e-5 --sft-lr 2e-4   # LoRA adapters, not all weights
     python kernelzero.py --coder-reward correctness       # ablation: plain 0/1 GRPO for the Coder
@@ -238,7 +238,7 @@ PRESETS = {
 }
 
 # The default preset on a machine without a GPU: Triton under the interpreter, SmolLM2, and budgets that show every
-# stage of the method run in about CPU_DEFAULT_MINUTES on 2 cores (README, "Set up and run"); a demonstration that
+# stage of the method run in about CPU_DEFAULT_MINUTES on 2 cores (docs/training.md, "The CPU default"); a demonstration that
 # everything runs, not a result. On 2 cores everything is compute-bound (~150 trained tokens/s, ~40 sampled tokens/s
 # at batch 8), so the budget is tokens: LoRA rank 8 (small AdamW state, checkpoints of a few MB; the SFT folder keeps
 # the adapters alone), SFT of 8 steps of 2 on the shipped verified pairs whose kernel fits the 384-token completion
@@ -1329,7 +1329,7 @@ def coder_phase(coder, proposer, ev, state, cfg, device, times):
 # The alternating loop
 
 
-# Wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): README, "Set up and run"
+# Wall time of the CPU default (CPU_FALLBACK, SmolLM2, fresh clone, 2 cores): docs/training.md, "The CPU default"
 CPU_DEFAULT_MINUTES = 5   # measured 5.0 min on a quiet machine (2026-12-06)
 
 

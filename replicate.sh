@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# replicate.sh: the replication end to end on one GPU, each stage a plain kernelzero.py command (README, "The
-# replication"): three candidate starting points judged by held-out pass@1, the method and its two ablations from
+# replicate.sh: the replication end to end on one GPU, each stage a plain kernelzero.py command (docs/results.md,
+# "The replication"): three candidate starting points judged by held-out pass@1, the method and its two ablations from
 # the chosen one side by side, the held-out comparison with bootstrap intervals, and one figure.
 #
 # How it departs from the paper's protocol (whose details are not public):
@@ -16,10 +16,10 @@
 #   MODEL=qwen-coder-1.5b OUT=runs/replication_1.5b bash replicate.sh
 #   GPUS=2 bash replicate.sh                                  # one 8-GPU node: each stage on 2 GPUs (torchrun)
 #   EXTRA="--lora-rank 8 --lr 1e-5 --proposer-lr 1e-5 --sft-lr 2e-4" bash replicate.sh
-#                                                             # LoRA adapters (README, "LoRA"): checkpoints of tens
+#                                                             # LoRA adapters (docs/training.md, "LoRA"): checkpoints of tens
 #                                                             # of MB, so a cut run resumes on another machine
 #   MINUTES=25 STARTS=templates EXTRA="--lora-rank 4 ..." bash replicate.sh
-#                                                             # one time-limited session's share (README, "Running on
+#                                                             # one time-limited session's share (docs/training.md, "Running on
 #                                                             # a time-limited GPU"): the runs stop before a round
 #                                                             # that would not fit; run it again (elsewhere: with the
 #                                                             # $OUT folder, less *.safetensors) to go on
@@ -37,7 +37,7 @@ STARTS=${STARTS:-base templates self}   # the starting points to judge (a subset
 MINUTES=${MINUTES:-0}             # this invocation's time (0: none); the runs get what is left as --time-limit
 PAIRS=${PAIRS:-256}               # synthetic modules the base model answers for the self-distilled corpus
 EXTRA=${EXTRA:-}                  # more kernelzero.py flags for every stage (e.g. --lr 2e-6 --group-size 8)
-GPUS=${GPUS:-1}                   # GPUs per stage: above 1, torchrun on that many (README, "One GPU node: torchrun")
+GPUS=${GPUS:-1}                   # GPUs per stage: above 1, torchrun on that many (docs/training.md, "One GPU node: torchrun")
 WORKERS=${WORKERS:-8}             # candidates the harness checks at once per GPU, shared out between the stages that
                                   # run side by side on one GPU (each slot keeps ~3 processes with a CUDA context)
 common="--backend triton --coder-model $MODEL --proposer-model $MODEL --eval-levels 1 --eval-samples 4 \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # session.sh: one time-limited session's share of a LoRA run (a SLURM job, a rented GPU hour, a 30-minute lease):
-# bring the model, unpack the run's state, run to the deadline, pack the state back (README, "Running on a
+# bring the model, unpack the run's state, run to the deadline, pack the state back (docs/training.md, "Running on a
 # time-limited GPU").
 #
 #   STATE=~/kz_state/main.tgz RUN=runs/main MINUTES=25 bash session.sh --lora-rank 4 --lr 1e-5 ...   # first session

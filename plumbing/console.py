@@ -199,5 +199,5 @@ def run_summary(records, sft, cfg, device_type):
         lines.append("  This CPU run shows that every stage runs on your machine: SFT, proposing, linting, probing, "
                      "writing kernels, checking them under the Triton interpreter, the CA-GRPO update path, "
                      "checkpoints. It does not show that the method improves a Coder: a 135M model, a few steps "
-                     "and a handful of kernels are far too little (README, \"The small replication\": a GPU run).")
+                     "and a handful of kernels are far too little (docs/results.md, \"The small replication\": a GPU run).")
     return "\n".join(lines)

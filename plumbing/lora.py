@@ -2,8 +2,8 @@
 LoRA (Hu et al. 2021, arXiv:2106.09685), written out in a few lines rather than taken from peft: each nn.Linear in the
 decoder blocks gets a trained low-rank correction and everything else is frozen (cfg.lora_rank > 0). The adapters
 train, the bf16 sampler stays a plain model that receives merged weights after each update (policy.refresh_sampler),
-and the saved model is merged, with the adapters beside it (checkpoints.save_pretrained_atomic; "LoRA" in the
-README).
+and the saved model is merged, with the adapters beside it (checkpoints.save_pretrained_atomic; "LoRA" in
+docs/training.md).
 
 What it buys here: AdamW state for ~1% of the weights instead of all of them, and a run's whole trained state in
 tens of megabytes, so that a run can stop on one machine and resume on another that has the same base weights.

@@ -786,7 +786,7 @@ def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
 
 
 def test_trainer_lora_adapter_sizes_of_the_named_qwen_shapes():
-    """The README's sizes: adapters per unit of rank on every linear layer of the blocks, counted on the meta device
+    """docs/training.md's sizes: adapters per unit of rank on every linear layer of the blocks, counted on the meta device
     (no weights): Qwen2.5-Coder-0.5B 549,888 (0.11% of its 494M weights), 1.5B 1,154,048 (0.075%)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     shapes = {549_888: dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, intermediate_size=4864),
