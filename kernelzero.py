@@ -217,8 +217,8 @@ class Config:
     eval_last: bool = False  # evaluate after the last round with the ends' settings below (instead of the periodic eval)
     eval_ends_levels: str = ""  # levels of the evals before the first and after the last round ("": eval_levels)
     eval_ends_samples: int = 0  # kernels per task in those two evals (0: eval_samples); e.g. 8 there, 4 periodically
-    eval_temperature: float = 0.7  # the held-out evals during training sample at this temperature, whatever the
-    #                                training temperature, so that a run's pass@1 compares with another's (0: greedy)
+    eval_temperature: float = 0.7  # the held-out evals (during training, and the eval subcommand) sample at this
+    #                                temperature, whatever the training temperature, so that pass@1 compares (0: greedy)
     # the eval and distill subcommands
     level: int = 1  # eval: which level
     samples: int = 10  # eval: samples per task (pass@k for k <= samples); distill: kernels per synthetic module

@@ -115,9 +115,11 @@ def run_eval(cfg, attempts):
     torchrun each rank generates and verifies its share)."""
     device = setup_ranks(cfg)
     harness_device = harness_device_for(cfg, device)
+    # the held-out evals during training sample at eval_temperature: so does this one, so that its pass@1 compares
+    cfg = dataclasses.replace(cfg, temperature=cfg.eval_temperature)
     say("config: " + json.dumps(dataclasses.asdict(cfg)))
     if cfg.temperature == 0 and cfg.samples > 1:
-        say(f"note: greedy decoding (--temperature 0) gives every sample the same answer: 1 sample per task, "
+        say(f"note: greedy decoding (--eval-temperature 0) gives every sample the same answer: 1 sample per task, "
             f"not {cfg.samples}")
         cfg = dataclasses.replace(cfg, samples=1)
     torch.manual_seed(cfg.seed)

@@ -114,10 +114,10 @@ def test_replication_compare_shows_kernels_before_and_after(tmp_path, capsys):
 
 
 def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path, capsys):
-    """`eval --temperature 0` decodes greedily, so it evaluates one sample per task whatever --samples says; the file
+    """`eval --eval-temperature 0` decodes greedily, so it evaluates one sample per task whatever --samples says; the file
     records the model and temperature and every sample's verdict, and `compare` reads it (itself: a zero difference)."""
     import kernelzero as kz
-    res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--level", "1", "--samples", "3", "--temperature", "0",
+    res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--level", "1", "--samples", "3", "--eval-temperature", "0",
                   "--eval-max-tasks", "2", "--run-dir", str(tmp_path)])
     assert "1 sample per task" in capsys.readouterr().out
     assert res["errors"] == {"format": 2} and "pass@3" not in res and res["pass@1_ci"] == [0.0, 0.0]
