@@ -68,7 +68,8 @@ def evaluate_coder(policy, cfg, ev, level, samples, attempts, kernelbench_dir=""
     fast_p counts every sample: with one sample per task it is KernelBench's fast_p, with n it is that number's
     expectation over the n draws (every task has n samples, so each task weighs the same)."""
     tasks = load_tasks(level, kernelbench_dir, max_tasks)
-    _, results, answers = attempts(ev, policy, [src for _, src in tasks], samples, cfg, {}, "eval", seed,
+    times = {}
+    _, results, answers = attempts(ev, policy, [src for _, src in tasks], samples, cfg, times, "eval", seed,
                                    f"eval level{level}")
     per_task = [results[i * samples:(i + 1) * samples] for i in range(len(tasks))]
     n_correct = [sum(r.correct for r in rs) for rs in per_task]
@@ -81,12 +82,15 @@ def evaluate_coder(policy, cfg, ev, level, samples, attempts, kernelbench_dir=""
     out["graph_timed_frac"] = graph_timed_frac(results)   # how many of those speedups came from graph replays
     out["errors"] = dict(Counter(r.error_kind for r in results))
     out["harness_s"] = harness_seconds(results)
+    # wall seconds: generation (verification overlaps it) and the verification left after the last generate call
+    out["seconds"] = {"generate": round(times["eval_gen"], 1), "verify_after": round(times["eval_eval"], 1)}
     # per task every sample's verdict (so that `compare` can compute intervals from the file alone), its answer
     # (truncated: what the Coder actually writes; bench.py builds harness batches from the failing ones) and the first
-    # sample's error
+    # sample's error; and its harness seconds (where a slow level spends its worker slots, task by task)
     out["tasks"] = {name: dict(n=samples, correct=c, sample_correct=[r.correct for r in rs],
                                sample_speedup=[r.speedup for r in rs], sample_kind=[r.error_kind for r in rs],
                                first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
+                               harness_s=harness_seconds(rs),
                                answers=[a[:ANSWER_CHARS] for a in answers[i * samples:(i + 1) * samples]])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out

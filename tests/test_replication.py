@@ -114,8 +114,10 @@ def test_replication_compare_shows_kernels_before_and_after(tmp_path, capsys):
 
 
 def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path, capsys):
-    """`eval --eval-temperature 0` decodes greedily, so it evaluates one sample per task whatever --samples says; the file
-    records the model and temperature and every sample's verdict, and `compare` reads it (itself: a zero difference)."""
+    """`eval --eval-temperature 0` decodes greedily, so it evaluates one sample per task whatever --samples says; the
+    file records the model and temperature, every sample's verdict, the wall seconds of generation and each task's
+    harness seconds (none: an answer without code never reaches the harness), and `compare` reads it (itself: a zero
+    difference)."""
     import kernelzero as kz
     res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--level", "1", "--samples", "3", "--eval-temperature", "0",
                   "--eval-max-tasks", "2", "--run-dir", str(tmp_path)])
@@ -125,9 +127,10 @@ def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path,
     with open(path) as f:
         saved = json.load(f)
     assert saved["model"] == "tiny" and saved["temperature"] == 0.0 and saved["config"]["samples"] == 1
+    assert saved["seconds"]["generate"] > 0 and saved["seconds"]["verify_after"] >= 0
     for t in saved["tasks"].values():
         assert t["n"] == 1 and t["sample_correct"] == [False] and t["sample_kind"] == ["format"]
-        assert t["sample_speedup"] == [None]
+        assert t["sample_speedup"] == [None] and t["harness_s"] == {}
     rows = kz.cli(["compare", path, path])["level1"]
     assert rows[1]["diff"] == (0.0, 0.0, 0.0) and rows[0]["tasks"] == 2
 
