@@ -199,8 +199,8 @@ class Config:
     #                        must not teach answers cut off before their code block closes)
     sft_compositions: bool = True  # also train the Proposer on the catalog's two-API compositions
     #                                (kernelbench_tasks/compose.py: every catalog kind, not only the corpus's five)
-    sft_merged: bool = True  # with LoRA, also write the merged models to the SFT folder (for `eval --coder-model
-    #                          SFT_DIR/coder`); the loop reads the adapters alone (adapter.pt): off in the CPU default
+    sft_merged: bool = True  # with LoRA, also write the merged models to the SFT folder (a plain Hugging Face model);
+    #                          the loop and `eval --coder-model SFT_DIR/coder` read the adapters alone (adapter.pt)
     # harness
     eval_workers: int = 0  # harness compile/CPU worker processes (0 = all cores)
     gpu_workers: int = 8  # candidates the harness checks at once per GPU: 8 keep 24 processes with a CUDA context

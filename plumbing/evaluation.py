@@ -32,6 +32,7 @@ from kernelbench_tasks import catalog, synth
 from plumbing.checkpoints import write_jsonl
 from plumbing.console import graph_timed_frac, harness_seconds
 from plumbing.distributed import harness_device_for, open_evaluator, phase_seed, rank, say, setup_ranks
+from plumbing.lora import adapter_header
 from plumbing.policy import make_policy
 from plumbing.report import bootstrap_ci, fast_p, geomean_speedup, pass_at_k
 
@@ -114,6 +115,17 @@ def held_out_eval(coder, cfg, ev, round_, attempts):
     return out
 
 
+def coder_policy(cfg, device):
+    """The Coder that `eval` and `distill` ask: --coder-model names a model, or a folder of LoRA adapters saved alone
+    (an SFT folder written with --no-sft-merged, a run's checkpoint adapters), which loads its base model with them,
+    at the adapters' own rank and alpha."""
+    saved = adapter_header(cfg.coder_model)
+    if saved is None:
+        return make_policy(cfg.coder_model, cfg, cfg.lr, device)
+    cfg = dataclasses.replace(cfg, lora_rank=saved["lora_rank"], lora_alpha=saved["lora_alpha"])
+    return make_policy(saved["base"], cfg, cfg.lr, device, sft_path=cfg.coder_model)
+
+
 def run_eval(cfg, attempts):
     """The eval subcommand: one level, `samples` kernels per task, metrics printed and written to RUN_DIR (under
     torchrun each rank generates and verifies its share)."""
@@ -127,7 +139,7 @@ def run_eval(cfg, attempts):
             f"not {cfg.samples}")
         cfg = dataclasses.replace(cfg, samples=1)
     torch.manual_seed(cfg.seed)
-    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
+    policy = coder_policy(cfg, device)
     with open_evaluator(cfg, harness_device, device) as ev:
         res = evaluate_coder(policy, cfg, ev, cfg.level, cfg.samples, attempts, cfg.kernelbench_dir,
                              cfg.eval_max_tasks, phase_seed(cfg, -1, f"eval level{cfg.level}"))
@@ -193,7 +205,7 @@ def run_distill(cfg, attempts):
     harness_device = harness_device_for(cfg, device)
     say("config: " + json.dumps(dataclasses.asdict(cfg)))
     torch.manual_seed(cfg.seed)
-    policy = make_policy(cfg.coder_model, cfg, cfg.lr, device)
+    policy = coder_policy(cfg, device)
     # no timing: only correctness decides what is kept, and untimed candidates share the GPU (as in synth)
     with open_evaluator(cfg, harness_device, device, timing=False) as ev:
         pairs, stats = self_distill(policy, cfg, ev, cfg.sft_pairs, cfg.samples, cfg.distill_keep, attempts)

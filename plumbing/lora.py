@@ -100,6 +100,16 @@ def merged_state_dict(state, scale):
 
 
 
+def adapter_header(path):
+    """{"base", "lora_rank", "lora_alpha"} of a folder that holds LoRA adapters alone (adapter.pt without a model:
+    an SFT folder written with --no-sft-merged), else None. Reads the adapter file (a few MB), not the model."""
+    file = os.path.join(path, "adapter.pt")
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")) or not os.path.exists(file):
+        return None
+    saved = torch.load(file, map_location="cpu")
+    return {k: saved[k] for k in ("base", "lora_rank", "lora_alpha")}
+
+
 def read_adapter(path, base, cfg):
     """The LoRA adapter (a state dict) that save_pretrained_atomic wrote next to the merged model in path, after
     checking that it belongs to this base model and rank."""

