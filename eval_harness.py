@@ -38,7 +38,8 @@ What the process isolation protects, and what it does not
    3 side streams: a device-wide synchronize before the end event
    4 threads: static check and thread count
    5 lazy tensors: outputs must be plain torch.Tensor with real storage
-   6 monkey-patching torch, timers or the harness (any of its modules): identity snapshot, separate processes
+   6 monkey-patching torch, timers or the harness (any of its modules, its classes' methods, a function's code
+     swapped in place): identity snapshot, separate processes
    7 result caching by data_ptr/id: fresh inputs per trial
    8 degenerate tasks: the task linter
    9 analytic shortcuts: a heavy-tailed extra trial
@@ -67,6 +68,17 @@ What the process isolation protects, and what it does not
      always passes): static check of files opened to write, pathlib's writers, os.remove/rename/replace..., shutil
      ("writes_files"); in a CUDA candidate's C/C++ sources, file, descriptor and process calls (fopen, fstream,
      write, dup2, system...: harness.static_checks.native_check)
+  21 (ours) the genuine, keyed verdict rewritten on its way out: the candidate shares its process with the pipe's
+     machinery, and object.__subclasses__() reaches every class (multiprocessing's Connection, ForkingPickler, the
+     harness's KernelResult), so a patched Connection.send, a reducer for KernelResult in copyreg.dispatch_table or
+     a replaced io.BytesIO sends correct=True at 50x with the job's key (taken as ok until this check): static check
+     of __subclasses__ and a closure's cells ("introspection") and of assignments into io, copyreg, pickle, struct
+     ("monkeypatch"); at run time the identity snapshot covers the transport (harness.instrumentation.Transport:
+     Connection's and ForkingPickler's class dictionaries and their functions' code and defaults, the module globals
+     and builtins they use, KernelResult's pickling hooks, copyreg's and ForkingPickler's tables), checked after
+     every phase and once more after the last candidate code ran (finalizers collected, signals blocked) and right
+     before the verdict is sent; what changed is `reward_hack` ("transport"), the transport is put back, and the
+     verdict is written whole with the os.write taken before the job (harness.worker._seal, _send_sealed)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's

@@ -22,9 +22,11 @@ What it installs (Instrumentation) and why
 
 What it verifies (verify): an identity snapshot of the functions and flags the harness relies on (torch's
 comparisons, timers, Module.__call__, TF32 switches, Triton's launchers, every function of every harness module:
-pitfall 6) and of what the reference's source may call (_reference_reaches: a rebound torch function could slow the
-reference, which is timed after the candidate's import: pitfalls 6 with 15); the flags flipped inside a call; the
-thread count (pitfall 4); the candidate's introspection that the audit hook noted.
+pitfall 6; the verdict's way to the parent, Transport: Connection's and ForkingPickler's methods, copyreg's
+dispatch table, KernelResult's pickling hooks, check "transport": pitfall 21) and of what the reference's source
+may call (_reference_reaches: a rebound torch function could slow the reference, which is timed after the
+candidate's import: pitfalls 6 with 15); the flags flipped inside a call; the thread count (pitfall 4); the
+candidate's introspection that the audit hook noted.
 
 How it departs from KernelBench's eval, which runs the candidate as it is: every item above. Nothing to run:
 harness/worker.py imports it; it imports harness/processes.py (the GPU turn) and harness/static_checks.py
@@ -43,6 +45,7 @@ import threading
 import time
 import traceback
 import warnings
+from types import FunctionType as _FunctionType
 
 import torch
 
@@ -97,7 +100,8 @@ class Instrumentation:
         if backend == "triton":
             self._patch_triton_run()
         self.reaches = _reference_reaches(ref_src)
-        self.snapshot = _harness_snapshot(self.reaches)
+        self.transport = Transport()   # (its state is in the snapshot: made once, looked up again at every verify)
+        self.snapshot = _harness_snapshot(self.reaches, self.transport)
         self.threads = threading.active_count()
         self.introspection = []                 # what the audit hook saw the candidate's code ask for
         sys.addaudithook(_introspection_hook(os.path.abspath(module_name + ".py"), self.introspection))
@@ -245,10 +249,13 @@ class Instrumentation:
         """(check, message) if the candidate patched the harness's references, flags or started threads."""
         # Only what existed at the snapshot: a module imported since is not a patch (torch's profiler imports
         # triton, so a CUDA worker, which does not import it at start, would otherwise see "new" triton functions)
-        now = _harness_snapshot(self.reaches)
+        now = _harness_snapshot(self.reaches, self.transport)
         changed = [k for k, v in self.snapshot.items() if not _same_ref(v, now.get(k))]
         if changed:
-            check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else "monkeypatch"
+            check = "tf32" if any("tf32" in k or "precision" in k for k in changed) else \
+                "transport" if any(k.startswith("transport ") for k in changed) else "monkeypatch"
+            if check == "transport":   # (naming an added method too, not only its class's count of entries)
+                changed = self.transport.changed() + [k for k in changed if not k.startswith("transport ")]
             return check, f"the candidate changed {', '.join(changed[:8])}"
         if self.problems:
             return "monkeypatch", self.problems[0]
@@ -350,9 +357,158 @@ def _reference_reaches(ref_src: str) -> list[str]:
     return reaches
 
 
-def _harness_snapshot(reaches: list[str] = ()) -> dict:
+# The verdict's way to the parent, which runs in the candidate's process: the worker's conn.send(("result", verdict,
+# key)) is Connection.send -> ForkingPickler.dumps (io.BytesIO, the C pickler with a copy of copyreg.dispatch_table
+# and ForkingPickler._extra_reducers; the KernelResult through its class's pickling hooks, copyreg._slotnames on its
+# first pickle, its class found through sys.modules) -> Connection._send_bytes (struct.pack) -> Connection._send
+# (os.write, a default argument). A candidate that reaches any of them (object.__subclasses__() hands out every class)
+# could rewrite the genuine, keyed verdict on its way out: correct=True, a large speedup. Transport names them all.
+_PICKLING_HOOKS = ("__reduce_ex__", "__reduce__", "__getstate__", "__setstate__", "__getattribute__", "__getattr__",
+                   "__module__")   # (statically looked up on KernelResult: _static_lookup)
+_TRANSPORT_GLOBALS = (("multiprocessing.connection", ("_ForkingPickler", "struct", "_write")),   # (immutable)
+                      ("multiprocessing.reduction", ("ForkingPickler", "io", "copyreg", "pickle")),
+                      ("io", ("BytesIO",)), ("struct", ("pack",)),
+                      ("copyreg", ("dispatch_table", "_slotnames", "__newobj__", "__newobj_ex__", "_reconstructor",
+                                   "__reduce_ex__")))
+_TRANSPORT_BUILTINS = ("super", "len", "memoryview", "OSError")   # what those functions call by a global name
+
+
+class Transport:
+    """The verdict's transport (above), as it was when this was made (before any candidate code: the worker makes
+    one at its start, Instrumentation one before the import). state(): its current state, {key: value}, compared by
+    identity like the rest of the snapshot (_same_ref), about 150 entries: every entry of the dictionaries of
+    Connection's and ForkingPickler's classes (and their count: an added method shadows nothing unseen), their
+    functions' __code__ and defaults, the classes' metaclasses and MROs, the module globals of _TRANSPORT_GLOBALS
+    (and the two multiprocessing modules' global counts: a global `len` would shadow the builtin), the builtins
+    those functions call, sys.modules' entries for these modules and harness.verdict, KernelResult's pickling hooks
+    and whether copyreg.dispatch_table or ForkingPickler._extra_reducers has an entry for it. restore(): everything
+    back as it was (the worker sends its verdict only after that, so a verdict of a patched transport goes out
+    through the genuine one), and a connection's own attributes too (only the job's connection: reached through the
+    harness's objects, an instance attribute `send` would shadow the class's: Transport(conn) keeps its attributes
+    as they were, changed(conn) and restore(conn) cover them)."""
+
+    def __init__(self, conn=None):
+        import builtins
+        import copyreg
+        import multiprocessing.connection as mc   # (it imports struct, multiprocessing.reduction io)
+        import multiprocessing.reduction as mr
+        from harness.verdict import KernelResult
+        self.builtins, self.result = builtins, KernelResult
+        self.classes = list(dict.fromkeys(k for c in (mc.Connection, mr.ForkingPickler) for k in c.__mro__[:-1]))
+        self.connection = mc.Connection
+        self.modules = {name: sys.modules[name] for name in (*dict(_TRANSPORT_GLOBALS), "harness.verdict")}
+        self.tables = {"copyreg.dispatch_table": copyreg.dispatch_table,
+                       "ForkingPickler._extra_reducers": mr.ForkingPickler._extra_reducers}
+        self.own = {cls: dict(vars(cls)) for cls in self.classes}
+        self.conn_attrs = dict(vars(conn)) if conn is not None else {}
+        self.saved = self.state()
+
+    def state(self) -> dict:
+        snap, result = {}, self.result
+        for cls in self.classes:
+            label = f"transport {cls.__name__}"
+            snap[label + ".__class__"], snap[label + ".__mro__"] = type(cls), cls.__mro__
+            own = vars(cls)
+            snap[label + " entries"] = len(own)
+            for name, value in own.items():
+                snap[f"{label}.{name}"] = value
+                fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+                if type(fn) is _FunctionType:
+                    snap[f"{label}.{name}.__code__"] = fn.__code__
+                    snap[f"{label}.{name}.__defaults__"] = fn.__defaults__
+                    snap[f"{label}.{name}.__kwdefaults__"] = fn.__kwdefaults__
+        for module, names in _TRANSPORT_GLOBALS:
+            found = vars(self.modules[module])
+            for name in names:
+                snap[f"transport {module}.{name}"] = found.get(name)
+            if module.startswith("multiprocessing."):
+                snap[f"transport {module} globals"] = len(found)
+        for name, module in self.modules.items():
+            snap[f"transport sys.modules[{name!r}]"] = sys.modules.get(name) is module
+        for name in _TRANSPORT_BUILTINS:
+            snap[f"transport builtins.{name}"] = vars(self.builtins).get(name)
+        snap["transport KernelResult.__class__"] = type(result)
+        for name in _PICKLING_HOOKS:
+            snap[f"transport KernelResult.{name}"] = _static_lookup(result, name)
+        snap["transport KernelResult.__qualname__"] = result.__qualname__
+        for label, table in self.tables.items():
+            snap[f"transport {label}[KernelResult]"] = result in table
+        return snap
+
+    def changed(self, conn=None) -> list[str]:
+        """What differs from the state at construction; with `conn` (the one given then), its class and its own
+        attributes too."""
+        now = self.state()
+        changed = [k for k, v in self.saved.items() if not _same_ref(v, now.get(k))]
+        changed += [f"transport {cls.__name__}.{name} (added)" for cls, own in self.own.items() for name in vars(cls)
+                    if name not in own]
+        if conn is not None:
+            if type(conn) is not self.connection:
+                changed.append("transport the connection's class")
+            changed += [f"transport the connection's {k}" for k, v in vars(conn).items()
+                        if k not in self.conn_attrs or not _same_ref(v, self.conn_attrs[k])]
+        return changed
+
+    def restore(self, conn=None) -> None:
+        """Put back everything state() covers as it was at construction, and `conn`'s own attributes and class as
+        they were then. Idempotent; cheap when nothing changed."""
+        saved, result = self.saved, self.result
+        for cls, own in self.own.items():
+            label = f"transport {cls.__name__}"
+            if type(cls) is not saved[label + ".__class__"]:
+                cls.__class__ = saved[label + ".__class__"]
+            if cls.__mro__ != saved[label + ".__mro__"]:
+                cls.__bases__ = saved[label + ".__mro__"][1:2]
+            for name in [n for n in vars(cls) if n not in own]:
+                delattr(cls, name)
+            for name, value in own.items():
+                if vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
+            for name, value in own.items():
+                fn = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+                if type(fn) is _FunctionType:
+                    for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+                        if getattr(fn, attr) is not saved[f"{label}.{name}.{attr}"]:
+                            setattr(fn, attr, saved[f"{label}.{name}.{attr}"])
+        for name, module in self.modules.items():
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
+        for module, names in _TRANSPORT_GLOBALS:
+            found = vars(self.modules[module])
+            for name in names:
+                if found.get(name) is not saved[f"transport {module}.{name}"]:
+                    found[name] = saved[f"transport {module}.{name}"]
+            if module.startswith("multiprocessing."):   # a global added there (one shadowing a builtin, say)
+                for name in list(found)[saved[f"transport {module} globals"]:]:
+                    del found[name]
+        found = vars(self.builtins)
+        for name in _TRANSPORT_BUILTINS:
+            if found.get(name) is not saved[f"transport builtins.{name}"]:
+                found[name] = saved[f"transport builtins.{name}"]
+        if type(result) is not saved["transport KernelResult.__class__"]:
+            result.__class__ = saved["transport KernelResult.__class__"]
+        for name in _PICKLING_HOOKS:   # (KernelResult's own dictionary has none of them but __module__)
+            if not _same_ref(_static_lookup(result, name), saved[f"transport KernelResult.{name}"]):
+                if name in vars(result):
+                    delattr(result, name)
+                if not _same_ref(_static_lookup(result, name), saved[f"transport KernelResult.{name}"]):
+                    setattr(result, name, saved[f"transport KernelResult.{name}"])
+        if result.__qualname__ != saved["transport KernelResult.__qualname__"]:
+            result.__qualname__ = saved["transport KernelResult.__qualname__"]
+        for table in self.tables.values():
+            table.pop(result, None)
+        if conn is not None:
+            if type(conn) is not self.connection:
+                conn.__class__ = self.connection
+            for name in [k for k in vars(conn) if k not in self.conn_attrs]:
+                delattr(conn, name)
+            vars(conn).update(self.conn_attrs)
+
+
+def _harness_snapshot(reaches: list[str] = (), transport: Transport | None = None) -> dict:
     """The functions and flags the harness relies on; compared by identity (functions) or value (flags). `reaches`
-    (from _reference_reaches) names what the reference may call: each is looked up again, by the same route."""
+    (from _reference_reaches) names what the reference may call: each is looked up again, by the same route.
+    `transport` (made once, before the candidate runs): the verdict's way to the parent is in it too."""
     import builtins
     import torch.utils.cpp_extension
     snap = {
@@ -404,6 +560,16 @@ def _harness_snapshot(reaches: list[str] = ()) -> dict:
         for name, obj in vars(module).items():
             if callable(obj) and getattr(obj, "__module__", None) in own:
                 snap[f"{module.__name__}.{name}"] = obj
+                if type(obj) is _FunctionType:   # (its code swapped in place keeps its identity)
+                    snap[f"{module.__name__}.{name}.__code__"] = obj.__code__
+                elif isinstance(obj, type) and obj.__module__ == module.__name__:
+                    # the methods of the harness's classes, where they are defined (a class is reachable from
+                    # object.__subclasses__(): Instrumentation.verify replaced would see nothing)
+                    for attr, value in vars(obj).items():
+                        if type(value) is _FunctionType:
+                            snap[f"{module.__name__}.{name}.{attr}"] = value
+                            snap[f"{module.__name__}.{name}.{attr}.__code__"] = value.__code__
+    snap.update((transport or Transport()).state())
     return snap
 
 

@@ -20,7 +20,10 @@ How this departs from KernelBench's eval (which has no static check):
    `__builtins__`, `globals()`, `vars(x)`, an imported module's `__dict__`, attrgetter and `__getattribute__`, and
    getattr, vars and globals passed around as values. Not closed here: a route that names nothing these rules know
    (an alias, `s = sys; s._getframe()`); the worker's audit hook (harness.instrumentation._introspection_hook) sees
-   those calls at run time whatever their name.
+   those calls at run time whatever their name. `__subclasses__` (every class in the process: the verdict's
+   transport among them, pitfall 21) is banned the same way; not closed here: a class's own dictionary read with a
+   computed key (`type.__dict__["__sub" + "classes__"]`); the worker's Transport check sees what such a candidate
+   patches.
 
 Imported by eval_harness.py (its precheck), harness/instrumentation.py (HARNESS_MODULES, in a worker) and
 kernelbench_tasks/catalog.py (import_aliases, name_chain); it imports nothing of the harness, so there is no import
@@ -73,6 +76,8 @@ BANNED_NAMES = {  # dotted name (after resolving imports) -> check name
     "torch.cuda.set_stream": "side_stream", "torch.set_float32_matmul_precision": "tf32",
     "torch.Tensor._make_subclass": "tensor_subclass", "torch.Tensor._make_wrapper_subclass": "tensor_subclass",
     "torch.library.Library": "monkeypatch", "torch.library.impl": "monkeypatch",
+    # how pickle reduces a type (the verdict is pickled to the harness: pitfall 21)
+    "copyreg.dispatch_table": "monkeypatch", "copyreg.pickle": "monkeypatch",
     "torch.compile": "torch_compile",   # inductor would write the kernels, not the candidate
     # frames handed out by the standard library: the harness's frames (and the stored outputs) are their callers
     "logging.currentframe": "introspection", "traceback.walk_stack": "introspection",
@@ -90,6 +95,11 @@ BANNED_ATTRS = {  # attribute names, whatever object they hang off
     "cr_frame": "introspection", "ag_frame": "introspection",
     # attribute reads by another name: object.__getattribute__(f, name), operator.attrgetter(name)(f)
     "__getattribute__": "introspection", "attrgetter": "introspection", "methodcaller": "introspection",
+    # every class in the process, the harness's way of sending its verdict among them (object.__subclasses__() finds
+    # multiprocessing's Connection, ForkingPickler, KernelResult: a patch rewrites the genuine verdict on its way
+    # out, pitfall 21); a closure's cells hold what the harness's own patches close over (Triton's launch counter
+    # holds the Instrumentation, and with it the job's connection and the snapshot)
+    "__subclasses__": "introspection", "__closure__": "introspection", "cell_contents": "introspection",
     # pathlib's writers (a path's .open is the builtin open's rule: below)
     **{name: "writes_files" for name in ("write_text", "write_bytes", "touch", "unlink", "symlink_to", "hardlink_to",
                                          "chmod", "lchmod", "rmdir")},
@@ -105,7 +115,9 @@ NAME_READERS = {"getattr", "vars"}
 TF32_ATTRS = {"allow_tf32", "fp32_precision", "allow_fp16_reduced_precision_reduction",
               "allow_bf16_reduced_precision_reduction"}
 # modules a candidate may not assign into (not os: candidates often set os.environ["TORCH_CUDA_ARCH_LIST"], harmless)
-PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "triton", "numpy", "math", "gc", *HARNESS_ROOTS}
+# (io, copyreg, pickle, struct: the verdict's transport to the harness uses them, pitfall 21)
+PROTECTED_ROOTS = {"torch", "time", "builtins", "sys", "triton", "numpy", "math", "gc", "io", "copyreg", "pickle",
+                   "struct", *HARNESS_ROOTS}
 DYNAMIC_CALLS = {"exec", "eval", "compile", "__import__"}
 STREAM_IN_SOURCE = re.compile(r"getStreamFromPool|cudaStreamCreate")  # in CUDA source strings
 

@@ -35,6 +35,7 @@ Nothing to run here: eval_harness.py's API and CLI start the workers (harness/RE
 from __future__ import annotations
 import collections
 import contextlib
+import gc
 import importlib.util
 import multiprocessing
 import multiprocessing.reduction
@@ -54,7 +55,7 @@ from eval_harness import DEFAULTS, LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, TOLERANCE
 from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, host_ints, is_float, nbytes,
                              outputs_intact, same, tensors, to_device, tolerance, unchanged,
                              within_kernels_reach)
-from harness.instrumentation import Instrumentation
+from harness.instrumentation import Instrumentation, Transport
 from harness.processes import ask_memory, gpu_turn, memory_need, yield_turn
 from harness.timing import (median, median_ci_width, read_floor_ms, time_models, time_within_floor,
                             timing_rule, peak_bandwidth)
@@ -160,6 +161,9 @@ def zygote_main(fd: int) -> None:
 
 def _worker_main(fd: int) -> None:
     conn = Connection(fd)
+    # the verdict's way out as it is before any candidate code runs, the write that sends it (_send_sealed), and the
+    # seal's own machinery (_seal_parts)
+    transport, write, parts = Transport(conn), os.write, _seal_parts()
     device, role = os.environ["KZ_DEVICE"], os.environ["KZ_ROLE"]
     import resource
     resource.setrlimit(resource.RLIMIT_FSIZE, (2**30, 2**30))   # a candidate printing forever cannot fill the disk
@@ -192,9 +196,69 @@ def _worker_main(fd: int) -> None:
         profiler.disable()
         with contextlib.suppress(OSError):
             profiler.dump_stats(os.path.join(profile_dir, f"{job['kind']}-{os.getpid()}.prof"))
-    conn.send(("result", result, key))
-    conn.close()
+    result = _seal(result, transport, conn, parts)
+    _send_sealed(("result", result, key), fd, write)
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
+
+
+def _seal_parts() -> tuple:
+    """What _seal relies on, as it is before any candidate code runs: Transport's class dictionary, its functions'
+    code, and harness.instrumentation's globals (Transport's methods use them). A class of the harness is reachable
+    from object.__subclasses__(): Transport.changed replaced would see nothing."""
+    module = sys.modules[Transport.__module__]
+    own = dict(vars(Transport))
+    return own, {k: v.__code__ for k, v in own.items() if type(v) is type(_seal_parts)}, module, dict(vars(module))
+
+
+def _seal(result, transport: Transport, conn: Connection, parts: tuple):
+    """The last check, after the last candidate code ran and right before the verdict is sent (pitfall 21): a
+    candidate that reached the verdict's transport (Connection's methods, ForkingPickler, copyreg's dispatch table,
+    KernelResult's pickling hooks: harness.instrumentation.Transport) could rewrite the genuine, keyed verdict on its
+    way out. No candidate code runs from here on: its objects in reference cycles are finalized first (a __del__),
+    signals are blocked and their Python handlers reset (a handler runs between any two bytecodes), and no other
+    thread is switched to unless this one waits (a thread it started). What changed makes the verdict `reward_hack`
+    ("transport"; a lint report not ok), and the transport is put back as it was, so that verdict goes out through
+    the genuine one."""
+    sys.setswitchinterval(1e6)
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    for signum in signal.valid_signals():
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+    gc.collect()
+    gc.disable()
+    own, codes, module, globs = parts   # the seal's own machinery first, put back before it is used
+    changed = [f"Transport.{k}" for k in set(vars(Transport)) | set(own) if vars(Transport).get(k) is not own.get(k)]
+    changed += [f"Transport.{k}.__code__" for k, code in codes.items() if own[k].__code__ is not code]
+    changed += [f"{module.__name__}.{k}" for k, v in globs.items() if vars(module).get(k) is not v]
+    for k in [k for k in vars(Transport) if k not in own]:
+        delattr(Transport, k)
+    for k, v in own.items():
+        if vars(Transport).get(k) is not v:
+            setattr(Transport, k, v)
+    for k, code in codes.items():
+        own[k].__code__ = code
+    vars(module).update(globs)
+    changed += transport.changed(conn)
+    transport.restore(conn)
+    if not changed or (isinstance(result, KernelResult) and result.error_kind == "reward_hack"):
+        return result   # (a check that fired before stands: this one may only have seen the same patch again)
+    message = f"the candidate changed how the verdict is sent to the harness: {', '.join(changed[:8])}"
+    if isinstance(result, KernelResult):
+        return _fail("reward_hack", message, dict(result.details), "transport", compiled=result.compiled,
+                     compile_s=result.compile_s)
+    return {**result, "ok": False, "problems": list(result.get("problems", [])) + [message]}
+
+
+def _send_sealed(message, fd: int, write) -> None:
+    """conn.send(message) as multiprocessing frames it (a 4-byte big-endian length, then the pickle), written whole
+    with the os.write taken before the job: once pickled, no method is looked up again before the bytes are out."""
+    data = bytes(multiprocessing.reduction.ForkingPickler.dumps(message))
+    data = (len(data).to_bytes(4, "big", signed=True) if len(data) <= 0x7fffffff else
+            (-1).to_bytes(4, "big", signed=True) + len(data).to_bytes(8, "big")) + data
+    view = memoryview(data)
+    while view:
+        view = view[write(fd, view):]
 
 
 def _warm_up_gpu_worker(backend: str) -> None:
@@ -325,6 +389,9 @@ def _job_evaluate(job: dict, conn: Connection) -> KernelResult:
             ev.details.setdefault("gpu_mb", {})[stage.__name__.strip("_")] = _gpu_memory_mb()
         if failed is not None:
             return failed
+    hit = ev.instr.verify()   # (the last stage need not end with one: CPU mode's last candidate call was a trial's)
+    if hit:
+        return ev.failed("reward_hack", hit[1], hit[0])
     return verdict("ok", compiled=True, compile_s=ev.compile_s, details=ev.details, **ev.timing)
 
 

@@ -178,6 +178,18 @@ def test_harness_static_check_sources():
                        ("ga = getattr", "introspection"), ("m = vars(x)", "introspection"),
                        ("f = object.__getattribute__(tb, 'tb_' + 'frame')", "introspection"),
                        ("y = getattr(x, 'numpy')()", "host_compute"),
+                       # the verdict's transport (pitfall 21): every class through __subclasses__, by any spelling,
+                       # a closure's cells, what pickles the verdict
+                       ("c = object.__subclasses__()", "introspection"),
+                       ("c = type.__subclasses__(object)", "introspection"),
+                       ("c = ().__class__.__base__.__subclasses__()", "introspection"),
+                       ("c = getattr(object, '__subclasses__')()", "introspection"),
+                       ("import operator\nc = operator.methodcaller('__subclasses__')", "introspection"),
+                       ("c = f.__closure__[0].cell_contents", "introspection"),
+                       ("import copyreg\ncopyreg.dispatch_table[int] = None", "monkeypatch"),
+                       ("import copyreg\ncopyreg.pickle(int, None)", "monkeypatch"),
+                       ("import io\nio.BytesIO = None", "monkeypatch"),
+                       ("import pickle as p\np.Pickler.dump = None", "monkeypatch"),
                        ("try:\n    pass\nexcept Exception:\n    torch.relu(x)", "try_except_fallback")]:
         hit = check(line + "\n" + cuda.format(body=""))
         assert hit is not None and hit.details["check"] == name, (line, hit)
@@ -212,6 +224,74 @@ def test_harness_stored_outputs_reached_through_frames_are_caught_at_run_time_to
     assert verdicts == [("reward_hack", "introspection")] * 3 + [("ok", None), ("mismatch", None)], \
         [(v, r.error) for v, r in zip(verdicts, results)]
     assert ".tb_frame" in results[0].error and "sys._getframe" in results[1].error
+
+
+def test_harness_transport_patches_are_seen_and_put_back():
+    """Pitfall 21, the run-time layer in-process: each way a candidate could rewrite the verdict on its way to the
+    parent (Connection's methods and a method added to its class, a function's code, ForkingPickler, copyreg's
+    dispatch table, KernelResult's pickling hooks, io.BytesIO, the job connection's own attributes) is in the
+    identity snapshot (check "transport") and in the worker's last check before the verdict is sent, and restore()
+    puts it back, so the verdict goes out through the genuine transport. CASES' transport_* rows do it from a
+    candidate, through a route the static check does not see."""
+    import copyreg
+    import io
+    import multiprocessing.connection as mc
+    import multiprocessing.reduction as mr
+    reader, writer = mc.Pipe(duplex=False)
+    try:
+        transport = hi.Transport(writer)
+        instr = hi.Instrumentation("none", "cpu", "kz_candidate")
+        assert transport.changed(writer) == [] and instr.verify() is None
+
+        def flip(self, obj):
+            return None
+        patches = [(lambda: setattr(mc.Connection, "send", flip), "Connection.send (added)"),
+                   (lambda: setattr(mc._ConnectionBase, "send", flip), "_ConnectionBase.send"),
+                   (lambda: setattr(mc.Connection, "_send", flip), "Connection._send"),
+                   (lambda: setattr(mc._ConnectionBase._check_closed, "__code__", flip.__code__),
+                    "_ConnectionBase._check_closed.__code__"),
+                   (lambda: setattr(mc.Connection._send, "__defaults__", (flip,)), "Connection._send.__defaults__"),
+                   (lambda: setattr(mr.ForkingPickler, "reducer_override", flip), "ForkingPickler.reducer_override"),
+                   (lambda: setattr(mr.ForkingPickler, "dumps", classmethod(flip)), "ForkingPickler.dumps"),
+                   (lambda: setattr(mc, "_ForkingPickler", None), "multiprocessing.connection._ForkingPickler"),
+                   (lambda: setattr(mc, "len", flip), "multiprocessing.connection globals"),
+                   (lambda: copyreg.dispatch_table.__setitem__(hv.KernelResult, flip),
+                    "copyreg.dispatch_table[KernelResult]"),
+                   (lambda: mr.ForkingPickler.register(hv.KernelResult, flip),
+                    "ForkingPickler._extra_reducers[KernelResult]"),
+                   (lambda: setattr(hv.KernelResult, "__reduce_ex__", flip), "KernelResult.__reduce_ex__"),
+                   (lambda: setattr(hv.KernelResult, "__getstate__", flip), "KernelResult.__getstate__"),
+                   (lambda: setattr(io, "BytesIO", flip), "io.BytesIO"),
+                   (lambda: setattr(writer, "send", flip), "the connection's send")]
+        for patch, what in patches:
+            patch()
+            try:
+                changed = transport.changed(writer)
+                assert any(what in k for k in changed), (what, changed)
+                if not what.startswith("the connection"):
+                    check, message = instr.verify()
+                    assert check == "transport" and what in message, (what, message)
+            finally:
+                transport.restore(writer)
+            assert transport.changed(writer) == [] and instr.verify() is None, what
+        # put back, the genuine transport carries the verdict as it is
+        writer.send(("result", hv.verdict("reward_hack", "x", details={"check": "transport"}), 7))
+        got = reader.recv()
+        assert hv.well_formed(got[1]) and got[1].error_kind == "reward_hack" and got[2] == 7
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_harness_transport_snapshot_stays_cheap():
+    """The transport's part of the identity snapshot is taken after every trial: a small fraction of it (it is well
+    under a millisecond on a CPU: the whole snapshot's cost was about 0.3 ms before it)."""
+    transport = hi.Transport()
+    transport.state()
+    clock = time.perf_counter()
+    for _ in range(200):
+        transport.state()
+    assert (time.perf_counter() - clock) / 200 < 1e-3
 
 
 def test_harness_instrumentation_counts_threads():
@@ -300,6 +380,22 @@ def test_harness_snapshot_covers_every_harness_module():
             assert instr.verify()[0] == "monkeypatch", (module.__name__, name)
         finally:
             setattr(module, name, original)
+    assert instr.verify() is None
+    # a harness class's method, reachable from object.__subclasses__(), and a function's code swapped in place
+    verify = hi.Instrumentation.verify   # (the genuine one, as the worker holds it)
+    for owner, name in ((hi.Instrumentation, "verify"), (hp.JobRun, "__init__"), (hv.KernelResult, "__init__")):
+        original = vars(owner)[name]
+        setattr(owner, name, lambda *a, **k: None)
+        try:
+            assert verify(instr)[0] == "monkeypatch", (owner, name)
+        finally:
+            setattr(owner, name, original)
+    code = hc.judge_numbers.__code__
+    hc.judge_numbers.__code__ = (lambda n, v, s, a, r: (None, None, "")).__code__
+    try:
+        assert instr.verify()[0] == "monkeypatch"
+    finally:
+        hc.judge_numbers.__code__ = code
     assert instr.verify() is None
 
 
