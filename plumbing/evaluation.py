@@ -105,7 +105,8 @@ def held_out_eval(coder, cfg, ev, round_, attempts):
     for level in [int(x) for x in cfg.eval_levels.split(",") if x.strip()]:
         res = evaluate_coder(coder, cfg, ev, level, cfg.eval_samples, attempts, max_tasks=cfg.eval_max_tasks,
                              seed=phase_seed(cfg, round_, f"eval level{level}"))
-        out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k != "tasks"})
+        # (the wall seconds are the metrics' time/eval; the tasks go to the eval file)
+        out.update({f"eval/level{level}/{k}": v for k, v in res.items() if k not in ("tasks", "seconds")})
         tasks[f"level{level}"] = res["tasks"]
     if rank() > 0:
         return out
