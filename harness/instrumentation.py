@@ -505,10 +505,10 @@ class Transport:
             vars(conn).update(self.conn_attrs)
 
 
-def _harness_snapshot(reaches: list[str] = (), transport: Transport | None = None) -> dict:
+def _harness_snapshot(reaches: list[str], transport: Transport) -> dict:
     """The functions and flags the harness relies on; compared by identity (functions) or value (flags). `reaches`
     (from _reference_reaches) names what the reference may call: each is looked up again, by the same route.
-    `transport` (made once, before the candidate runs): the verdict's way to the parent is in it too."""
+    `transport` (made once, before the candidate runs): the verdict's way to the parent, its state in the snapshot."""
     import builtins
     import torch.utils.cpp_extension
     snap = {
@@ -569,7 +569,7 @@ def _harness_snapshot(reaches: list[str] = (), transport: Transport | None = Non
                         if type(value) is _FunctionType:
                             snap[f"{module.__name__}.{name}.{attr}"] = value
                             snap[f"{module.__name__}.{name}.{attr}.__code__"] = value.__code__
-    snap.update((transport or Transport()).state())
+    snap.update(transport.state())
     return snap
 
 

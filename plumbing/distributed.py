@@ -77,8 +77,6 @@ def barrier():
         dist.barrier()
 
 
-
-
 def idle_passes(n, size):
     """How many forward/backward passes without rows of its own this rank, with n rows in microbatches of `size`,
     adds so that it runs as many as the rank with the most: FSDP2 gathers weights in every forward and reduces
