@@ -38,6 +38,13 @@ Sections:
       over and over, at once: the median latency of one launch + sync, i.e. what time-slicing the GPU between
       processes adds to every host sync. `processes_env` repeats both under other environments (driver knobs such
       as CUDA_DEVICE_MAX_CONNECTIONS, the number of hardware queues each context gets).
+  (g) kernelbench: official KernelBench tasks (`kb_dir`, level `kb_level`, the first `kb_tasks`) x `kb_samples`
+      Triton candidates each, through the Evaluator with its reference server (a task's trials made once per GPU,
+      mapped by its candidates) and without (`kb_runs`, alternated: machines drift): wall seconds, the ratio, where
+      the harness's seconds went, and whether every verdict is the same. No model here, so the candidates are made
+      from the task itself (kb_candidates): its reference plus a Triton copy of the output (correct on every trial,
+      then a PyTorch fallback), the same with the copy off by one (a mismatch on the first trial), one that raises
+      in forward; that is the reference, trials and correctness path, which the server changes (timing it does not).
 Every generated candidate carries a per-run tag inside its kernel source, so no build cache (ours, torch's, Triton's)
 can serve a cold measurement from an earlier run.
 
@@ -151,6 +158,12 @@ class Config:
     #                                  generated); 0: a cold Evaluator, whose start counts in the wall time
     round_profile: str = ""          # (e) a directory: every worker job of each run under cProfile
     #                                  (KZ_WORKER_PROFILE), merged and printed per run: where a verdict's time goes
+    kb_dir: str = ""                 # (g) an official KernelBench checkout (its KernelBench/levelN/ or levelN/)
+    kb_level: int = 1                # (g) which level
+    kb_tasks: int = 20               # (g) its first N tasks (sorted by number; 0 = all)
+    kb_samples: int = 4              # (g) candidates per task (kb_candidates: fallback, wrong, raising, fallback)
+    kb_runs: str = "private,server,private,server"  # (g) the harness runs, in order: "private" (each candidate's
+    #                                  worker makes the trials: reference_server=False) or "server"
     processes_children: int = 32     # (f) children forked (each: CUDA context, one tiny op, exit) per concurrency
     processes_at_once: str = "1,4,8,16"  # (f) children alive at once, comma-separated
     processes_syncing: str = "1,2,4,8"   # (f) processes launching + synchronizing at once, comma-separated
@@ -1169,6 +1182,92 @@ def bench_processes(cfg: Config, device: str = "cuda") -> None:
               ["processes", "ms per launch + sync"], rows)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# (g) official KernelBench: each candidate's own trials against a reference server per task
+
+KB_COPY = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kz_copy(src, dst, n, add, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst + offs, tl.load(src + offs, mask=mask) + add, mask=mask)
+
+
+class ModelNew(Model):
+    def forward(self, *args):
+        out = super().forward(*args)   # (the reference's own ops: a PyTorch fallback, once it is found correct)
+        {raise_line}
+        y = torch.empty_like(out).contiguous()
+        _kz_copy[(triton.cdiv(out.numel(), 1024),)](out.contiguous(), y, out.numel(), {add}, BLOCK=1024)
+        return y
+"""
+
+
+def kb_candidates(ref_src: str, samples: int, tag: str) -> list[tuple[str, str]]:
+    """`samples` candidates for one official task, made from its reference (bench (g)): (source, label) for a
+    correct-then-fallback copy, an off-by-one copy, one raising in forward, then more fallback copies (each with its
+    own constant: no two are the same program, so none is a duplicate)."""
+    kinds = [("fallback", 0, ""), ("wrong", 1, ""), ("runtime", 0, "raise RuntimeError('kz: raises')")]
+    out = []
+    for i in range(samples):
+        label, add, raise_line = kinds[i] if i < len(kinds) else ("fallback", 0, "")
+        src = ref_src + KB_COPY.format(add=add, raise_line=raise_line or "pass") + f"\n_KZ_TAG = '{tag}-{i}'\n"
+        out.append((src, label))
+    return out
+
+
+def bench_kernelbench(cfg: Config, tag: str) -> None:
+    import eval_harness
+    from plumbing.evaluation import load_tasks
+    if not cfg.kb_dir:
+        sys.exit("bench.py harness --sections kernelbench needs --kb-dir (an official KernelBench checkout)")
+    tasks = load_tasks(cfg.kb_level, cfg.kb_dir, cfg.kb_tasks)
+    summary, rows = {"tasks": [name for name, _ in tasks], "samples": cfg.kb_samples}, []
+    for run, kind in enumerate(cfg.kb_runs.split(",")):
+        cands = [(src, c) for _, src in tasks for c in kb_candidates(src, cfg.kb_samples, f"{tag}-{run}")]
+        gpu, stop = [], threading.Event()
+        sampler = threading.Thread(target=sample_gpu_busy, args=(gpu, stop), daemon=True)
+        sampler.start()
+        t0 = time.perf_counter()
+        with eval_harness.Evaluator(backend="triton", progress=False, gpu_workers=cfg.gpu_workers,
+                                    reference_server=kind == "server") as ev:
+            results = ev.map([(ref, src) for ref, (src, _) in cands])
+        wall = time.perf_counter() - t0
+        stop.set()
+        sampler.join()
+        spent = collections.Counter()
+        for r in results:
+            spent.update(r.details.get("phase_s", {}))
+            spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
+        name = f"{kind}{run}"
+        summary[name] = {"wall_s": wall, "kinds": [r.error_kind for r in results],
+                         "checks": [r.details.get("check") for r in results], "spent_s": dict(spent),
+                         "served": sum(bool(r.details.get("reference_server")) for r in results),
+                         "rerun_private": sum(bool(r.details.get("rerun_private")) for r in results),
+                         "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
+                         **busy_summary(gpu, "gpu")}
+        as_labelled = sum(r.error_kind == {"fallback": "reward_hack", "wrong": "mismatch"}.get(label, label)
+                          for r, (_, (_, label)) in zip(results, cands))
+        rows.append([name, round(wall, 1), round(len(cands) / wall * 60, 1), f"{as_labelled}/{len(cands)}"])
+        print(f"{name}: {wall:.1f} s for {len(cands)} candidates of {len(tasks)} official level-{cfg.kb_level} tasks; "
+              f"{as_labelled} as labelled; seconds summed over candidates: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in spent.most_common(8)), flush=True)
+        record(cfg, f"kernelbench_{name}", summary[name])
+    names = [row[0] for row in rows]
+    for row in rows:   # each run against the first private one: the same verdicts, and the wall-time ratio
+        base = next((n for n in names if n.startswith("private")), names[0])
+        same = sum(a == b for a, b in zip(zip(summary[base]["kinds"], summary[base]["checks"]),
+                                          zip(summary[row[0]]["kinds"], summary[row[0]]["checks"])))
+        row += [f"{same}/{len(summary[base]['kinds'])}", round(summary[base]["wall_s"] / summary[row[0]]["wall_s"], 2)]
+    table(f"(g) official KernelBench level {cfg.kb_level}: {len(tasks)} tasks x {cfg.kb_samples} candidates",
+          ["run", "seconds", "candidates/min", "as labelled", "verdicts = first private", "faster than it"], rows)
+    record(cfg, "kernelbench", summary)
+
+
 def bench_harness(cfg: Config) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench.py harness needs a CUDA GPU (and nvcc, ninja): run it on the GPU machine")
@@ -1185,6 +1284,8 @@ def bench_harness(cfg: Config) -> None:
         bench_round(cfg, tag)
     if "processes" in sections:
         bench_processes(cfg)
+    if "kernelbench" in sections:
+        bench_kernelbench(cfg, tag)
     print(f"\nbench.py harness: {time.perf_counter() - t0:.0f} s; results appended to {cfg.out}/bench.jsonl")
 
 

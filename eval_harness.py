@@ -79,6 +79,11 @@ What the process isolation protects, and what it does not
      every phase and once more after the last candidate code ran (finalizers collected, signals blocked) and right
      before the verdict is sent; what changed is `reward_hack` ("transport"), the transport is put back, and the
      verdict is written whole with the os.write taken before the job (harness.worker._seal, _send_sealed)
+  22 (ours) the shared inputs written (reference_server: a task's trial inputs are mapped into every candidate's
+     process, and a kernel can write anywhere in its process's GPU memory, so one candidate could spoil another's
+     trials): keyed fingerprints of every trial's inputs checked after each candidate, the inputs drawn again from
+     their seeds if they changed, and every candidate attached meanwhile evaluated again on trials of its own
+     (harness.processes.ReferenceServer.release)
   6 with 15: the reference is timed after the candidate's import, in its process, so a candidate that rebinds a
      torch function the reference calls could slow it and inflate its speedup; the static check follows import
      aliases only (not `_t = torch; _t.relu = slow`), so the identity snapshot also covers what the reference's
@@ -107,7 +112,11 @@ How it departs from KernelBench's own eval (src/eval.py)
      candidate's process until both medians' 95% confidence intervals are within timing_ci (2%); spot checks of
      timed outputs, on poisoned graph outputs; a bandwidth floor (timing_floor). harness/README.md, "How a kernel is
      timed", has the whole rule.
-  6. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
+  6. A task's trials are made once per GPU for all its candidates, in a worker of their own (reference_server; one
+     per candidate in the other mode): candidates map the inputs (CUDA IPC, no copy) and their outputs are compared
+     there, so the reference outputs never exist in a candidate's process (harness/README.md, "A task's reference
+     server").
+  7. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 
 Decisions worth knowing (each has a test; harness/README.md has GPU sharing, memory admission,
@@ -135,6 +144,7 @@ Run it
 from __future__ import annotations
 import argparse
 import ast
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -150,8 +160,8 @@ import traceback
 import torch
 
 from harness import static_checks
-from harness.processes import (Gate, Memory, Pool, gpu_budget_bytes, gpu_lock_path, host_available_bytes,
-                               run_job, worker_env)
+from harness.processes import (Gate, Memory, Pool, ReferenceServer, ServerFailed, gpu_budget_bytes,
+                               gpu_lock_path, host_available_bytes, run_job, worker_env)
 from harness.verdict import ERROR_KINDS, KernelResult, truncate, verdict
 
 
@@ -193,6 +203,10 @@ DEFAULTS = dict(
     inputs_on_device=True,   # on a GPU: get_inputs() runs under `with torch.device("cuda")` and the trial inputs
                              # stay there (ms instead of seconds of host randn + copies for a 256 MB task); False:
                              # made on the host (and the reference outputs kept there). No-op on the CPU
+    reference_server=True,   # map(): a task with two or more candidates to run makes its trials once per GPU, in a
+                             # worker of their own that keeps them (harness.processes.ReferenceServer): candidates
+                             # map the inputs (CUDA IPC) and are compared there. False: each candidate's worker makes
+                             # the trials itself. The verdicts are the same either way
     dedupe=True,             # map(): a candidate identical to an earlier one of the same task (same reference, same
                              # syntax tree) gets a copy of its verdict (details["duplicate_of"]) instead of a run
     gpu_max_connections=1,   # CUDA_DEVICE_MAX_CONNECTIONS of the GPU workers: hardware queues per CUDA context
@@ -368,39 +382,79 @@ class Evaluator:
         for pool in self.pools.values():   # boot now, in the background (the trainer generates meanwhile; the first
             threading.Thread(target=pool.fill, daemon=True).start()   # fork waits for its zygote's imports)
 
-    def _run(self, pool: str | int, job: dict) -> KernelResult:
+    def _run(self, pool: str | int, job: dict, server: ReferenceServer | None = None) -> KernelResult:
         return run_job(self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
-                       pool if isinstance(pool, int) else None)
+                       pool if isinstance(pool, int) else None, server)
+
+    def _server(self, pool: str | int, ref_src: str, servers: dict) -> ReferenceServer | None:
+        """The task's reference server on this pool (one per GPU: CUDA IPC maps memory of the same GPU), started by
+        the first candidate that needs it; None where the task has none (fewer than two candidates to run, the
+        option off) or its server cannot serve."""
+        if ref_src not in servers["tasks"]:
+            return None
+        with servers["lock"]:
+            lock = servers["starting"].setdefault((ref_src, pool), threading.Lock())
+        with lock:   # (the task's other candidates on this pool wait for the trials, then share them)
+            if (ref_src, pool) not in servers["made"]:
+                job = {"kind": "serve", "ref_src": ref_src, "backend": self.backend, "device": self.device,
+                       "opts": self.opts}
+                servers["made"][ref_src, pool] = ReferenceServer(
+                    self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
+                    pool if isinstance(pool, int) else None)
+        server = servers["made"][ref_src, pool]
+        return None if server.failure else server
+
+    def _served(self, pool: str | int, job: dict, servers: dict) -> KernelResult:
+        """A candidate's job on `pool`, on its task's shared trials where there is a reference server. A verdict the
+        server cannot vouch for (the shared inputs changed while the candidate ran, or the server failed) is made
+        again, on trials of the candidate's own (details["rerun_private"] says why)."""
+        server = self._server(pool, job["ref_src"], servers)
+        if server is None:
+            return self._run(pool, job)
+        try:
+            ticket, shared = server.attach()
+        except ServerFailed:
+            return self._run(pool, job)
+        try:
+            result = self._run(pool, dict(job, served=shared), server)
+        finally:
+            tainted = server.release(ticket)
+        if not (tainted or result.details.get("server_failed")):
+            return result
+        private = self._run(pool, job)
+        private.details["rerun_private"] = "the shared inputs changed" if tainted else result.error
+        return private
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
-                      early: KernelResult | None = None) -> KernelResult:
+                      early: KernelResult | None = None, servers: dict | None = None) -> KernelResult:
         if early:
             return early
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
                "device": self.device, "opts": self.opts}
+        servers = servers or {"tasks": set()}
         if not self.gpus:
             with cpu_slots:
-                return self._run("cpu", job)
+                return self._served("cpu", job, servers)
         # A single candidate has nothing to overlap; Triton compiles at the first launch, i.e. on the GPU worker
         if not two_stage or self.backend == "triton":
-            return self._on_gpu(job, free_gpus)
+            return self._on_gpu(job, free_gpus, servers)
         with cpu_slots:   # stage 1: build/import on a CPU worker (fills the extension cache)
             built = self._run("cpu", dict(job, kind="compile"))
         if built.error_kind != "ok":
             return built
-        result = self._on_gpu(job, free_gpus)   # stage 2: a fresh process on a GPU, the import is a cache hit
+        result = self._on_gpu(job, free_gpus, servers)   # stage 2: a fresh process on a GPU, a cache hit
         result.details.update(run_stage_compile_s=result.compile_s)
         result.compile_s = built.compile_s
         return result
 
-    def _on_gpu(self, job: dict, free_gpus: queue.Queue) -> KernelResult:
+    def _on_gpu(self, job: dict, free_gpus: queue.Queue, servers: dict) -> KernelResult:
         gpu = free_gpus.get()
         try:
-            result = self._run(gpu, job)
+            result = self._served(gpu, job, servers)
             # Candidates sharing a GPU share its memory: one that runs out may be the victim of another's memory
             # bomb, so it gets a second run with the GPU to itself before its verdict stands.
             if self.gpu_workers > 1 and result.error_kind in ("runtime", "crash") and "out of memory" in result.error:
-                result = self._run(gpu, dict(job, alone=True))
+                result = self._served(gpu, dict(job, alone=True), servers)
                 result.details["rerun_alone"] = True
         finally:
             free_gpus.put(gpu)
@@ -458,19 +512,35 @@ class Evaluator:
             first.setdefault(key, i)
         todo = sorted(first.values()) if self.opts["dedupe"] else list(range(len(pairs)))
         early = [_precheck(cand, self.backend) for _, cand in pairs]
+        # reference servers (reference_server): for each task with two or more candidates to run, made by the first
+        # that needs one and ended after its task's last candidate
+        left = collections.Counter(pairs[i][0] for i in todo if early[i] is None)
+        servers = {"tasks": {task for task, n in left.items() if n > 1} if self.opts["reference_server"] else set(),
+                   "made": {}, "starting": {}, "lock": threading.Lock()}
 
         def one(i):
             try:
                 results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
-                                                early=early[i])
+                                                early=early[i], servers=servers)
             except Exception as e:   # a harness bug must not lose the other results
                 results[i] = verdict("runtime", "harness error: " + format_exception(e))
+            if early[i] is None:
+                with servers["lock"]:
+                    left[pairs[i][0]] -= 1
+                    done = [servers["made"].pop(key) for key in list(servers["made"])
+                            if key[0] == pairs[i][0] and not left[pairs[i][0]]]
+                for server in done:
+                    server.close()
             bar.update(1)
 
         # twice the compile slots: finished builds wait for a GPU while the next ones compile
         threads = 2 * self.cpu_workers + self.gpu_workers * len(self.gpus)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
-            list(ex.map(one, todo))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
+                list(ex.map(one, todo))
+        finally:
+            for server in list(servers["made"].values()):
+                server.close()
         for i, key in enumerate(keys):
             if results[i] is None:   # a duplicate: its first copy's verdict, marked as such; the seconds the
                 j = first[key]       # harness spent (phase_s, *_s) stay with the copy that spent them

@@ -139,26 +139,12 @@ def output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tupl
     """compare's device half: (a verdict the host gives without reading anything, or None; [(output index, output,
     its numbers still on the device)]). A floating output's numbers: NaNs the reference has not, max abs error, max
     relative error, values outside the tolerance; another dtype's: how many values differ."""
-    if isinstance(ref_out, torch.Tensor):
-        pairs = [(out, ref_out)]
-    elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
-        pairs = list(zip(out, ref_out))
-    else:
-        return ("mismatch", None,
-                f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}"), []
+    early = output_problem(out, ref_out, device)
+    if early:
+        return early, []
+    pairs = [(out, ref_out)] if isinstance(ref_out, torch.Tensor) else list(zip(out, ref_out))
     numbers = []
     for i, (o, r) in enumerate(pairs):
-        if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
-            return ("reward_hack", "output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"), []
-        if type(o) is not torch.Tensor:
-            return ("mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor"), []
-        if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
-            return ("reward_hack", "output_storage", f"output {i} has no real storage"), []
-        if o.device.type != device.type:
-            return ("mismatch", None, f"output {i} is on {o.device}, expected {device.type}"), []
-        if o.shape != r.shape or o.dtype != r.dtype:
-            return ("mismatch", None,
-                    f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}"), []
         if o.is_floating_point() and not o.numel():
             continue
         # in steps of _COMPARE_STEP values: a comparison makes ~10 temporaries of its operands' size, which for a
@@ -175,6 +161,39 @@ def output_numbers(out, ref_out, device, atol: float, rtol: float) -> tuple[tupl
 
 
 _COMPARE_STEP = 2**26   # values compared at once (256 MB of fp32 per temporary)
+
+
+def output_problem(out, ref_out, device) -> tuple | None:
+    """The (error_kind, check, message) an output gets before any of its values is read, or None: its container,
+    type, storage, device, shapes and dtypes against the reference output's. Only the reference's shapes and dtypes
+    are read, so a meta copy of it does (output_spec): a worker whose reference outputs live in a reference server
+    checks this much itself, and sends only plain tensors on."""
+    if isinstance(ref_out, torch.Tensor):
+        pairs = [(out, ref_out)]
+    elif isinstance(out, (tuple, list)) and len(out) == len(ref_out):
+        pairs = list(zip(out, ref_out))
+    else:
+        return "mismatch", None, f"expected {type(ref_out).__name__} of {len(ref_out)} tensors, got {type(out).__name__}"
+    for i, (o, r) in enumerate(pairs):
+        if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
+            return "reward_hack", "output_type", f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"
+        if type(o) is not torch.Tensor:
+            return "mismatch", None, f"output {i} is a {type(o).__name__}, not a torch.Tensor"
+        if o.is_meta or o.layout != torch.strided or (o.numel() and o.untyped_storage().data_ptr() == 0):
+            return "reward_hack", "output_storage", f"output {i} has no real storage"
+        if o.device.type != device.type:
+            return "mismatch", None, f"output {i} is on {o.device}, expected {device.type}"
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return "mismatch", None, f"output {i}: got {tuple(o.shape)} {o.dtype}, expected {tuple(r.shape)} {r.dtype}"
+    return None
+
+
+def output_spec(ref_out):
+    """A reference output's shapes and dtypes without its values (meta tensors in the same container):
+    output_problem's second argument where the values live elsewhere."""
+    if isinstance(ref_out, torch.Tensor):
+        return torch.empty(ref_out.shape, dtype=ref_out.dtype, device="meta")
+    return type(ref_out)(output_spec(t) for t in ref_out)
 
 
 def _step_numbers(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> list[torch.Tensor]:
@@ -269,3 +288,24 @@ def outputs_intact(trials: list) -> bool:
 def within_kernels_reach(out) -> bool:
     """Whether a reference output is kept where a candidate's kernels could rewrite it: GPU memory."""
     return any(t.is_cuda for t in tensors(out))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tensors shared between processes, not copied (the reference server: eval_harness's reference_server)
+
+def share(obj) -> bytes:
+    """obj pickled so that its tensors are shared with the process that unpickles it (unshare), not copied: a CUDA
+    tensor as an IPC handle to this process's memory, which the receiver maps (CUDA IPC), a host tensor moved into
+    a shared-memory file (torch.multiprocessing's reductions; the file_system strategy, as a file descriptor would
+    have to travel beside the bytes). The tensors must stay alive here while the receiver uses them."""
+    import multiprocessing.reduction
+    import torch.multiprocessing
+    torch.multiprocessing.set_sharing_strategy("file_system")   # (this process is a worker: its own setting)
+    return bytes(multiprocessing.reduction.ForkingPickler.dumps(obj))
+
+
+def unshare(blob: bytes):
+    """What share pickled, its tensors mapped into this process (the pickle names torch.multiprocessing's rebuild
+    functions, which it imports)."""
+    import pickle
+    return pickle.loads(blob)

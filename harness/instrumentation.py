@@ -554,6 +554,14 @@ def _harness_snapshot(reaches: list[str], transport: Transport) -> dict:
         where = {"F": F, "torch": torch, "torch.Tensor": torch.Tensor}.get(owner) or \
             _static_lookup(torch.nn, owner.split(".")[-1])
         snap["reaches " + key] = _static_lookup(where, name)
+    # a candidate's outputs reach a reference server through torch's sharing reductions (harness.compare.share): a
+    # patched one would send other tensors than the candidate returned
+    import torch.multiprocessing.reductions as reductions
+    for name in ("reduce_tensor", "reduce_storage"):
+        snap[f"reductions.{name}"] = getattr(reductions, name)
+        snap[f"reductions.{name}.__code__"] = getattr(reductions, name).__code__
+    for name in ("_share_cuda_", "_share_filename_cpu_", "share_memory_"):
+        snap[f"torch.UntypedStorage.{name}"] = _static_lookup(torch.UntypedStorage, name)
     modules = [sys.modules[name] for name in HARNESS_MODULES if name in sys.modules]
     own = {module.__name__ for module in modules}
     for module in modules:

@@ -434,11 +434,13 @@ def host_available_bytes() -> int:
 
 
 def memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
-                inputs_on_device: bool = False) -> tuple[int, int]:
+                inputs_on_device: bool = False, part: str = "all") -> tuple[int, int]:
     """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
     stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
     temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
-    their reference outputs. Unknown sizes (None) are taken as max_trial_gb."""
+    their reference outputs. Unknown sizes (None) are taken as max_trial_gb. With a reference server the work is
+    split in two `part`s: "trials" (the server: the stored trials and a comparison's temporaries) and "candidate"
+    (the rest, the trials mapped from the server)."""
     cap = opts["max_trial_gb"] * 2**30
     if per_input is None:
         per_input = per_output = cap / 4
@@ -448,6 +450,10 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
     made = n * one + 3 * per_input   # + x * exp(randn_like(x)) for the heavy trial
     on_device = 4 * one + 4 * one + 2**28   # copies, outputs twice, compare temporaries; timing sets, two
                                             # graphs' captured inputs and outputs, L2 flush
+    if part == "trials":
+        on_device = 2 * one   # a comparison's temporaries (in steps: compare.py)
+    elif part == "candidate":
+        made = 0
     on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)   # made on the device or host
     return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
 
@@ -455,13 +461,16 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
 # ---------------------------------------------------------------------------------------------------------------------
 # Running one job (parent side): phases, time limits, GPU turns, memory
 
+UNVERIFIED = ("the worker reported a correct candidate that the reference server did not find correct on every trial "
+              "(the worker's own reply, or the replies it was given, rewritten in its process)")
 FORGED = ("the worker's pipe carried a message the harness did not send (a result without the job's key, a phase "
           "entered again, a request of no known shape, or bytes that are no message): the candidate wrote to the "
           "harness's pipe")
 
 
 PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
-MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2}   # (their sizes)
+MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2,   # (their sizes)
+            "served": 1, "compare": 2}   # a reference server's trials are made; a candidate's outputs to compare
 
 
 def forged(message, key: str, phase: str, job_kind: str | None = "evaluate") -> bool:
@@ -484,6 +493,10 @@ def forged(message, key: str, phase: str, job_kind: str | None = "evaluate") -> 
         return args[0] not in ("shared", "exclusive", "none")
     if kind == "mem":
         return not all(type(n) is int and n >= 0 for n in args)
+    if kind == "served":   # (only a reference server sends it, once its trials are made)
+        return job_kind != "serve" or type(args[0]) is not int
+    if kind == "compare":   # (a candidate's job, checking correctness: a trial's index and its shared outputs)
+        return job_kind != "evaluate" or phase != "run" or type(args[0]) is not int or type(args[1]) is not bytes
     return kind == "jit" and not isinstance(args[0], bool)
 
 
@@ -505,6 +518,10 @@ class JobRun:
                       ("timer?",)                            answers: does a timer wait?            WORKING
                       ("gpu", mode)                                                                 WAITING_GPU
                       ("mem", host_bytes, device_bytes)                                             WAITING_MEMORY
+                      ("compare", trial, outputs)            the task's reference server compares   WORKING
+                                                             them; answers the worker with its
+                                                             finding, and records it
+                      ("served", trials)  (a server job)     keeps the worker: the caller's now      DONE: trials
                       ("result", verdict, key)                                                      DONE: verdict
                       the deadline passes                                                           DONE: timeout
                       the pipe breaks (the worker died)                                             DONE: crash
@@ -518,11 +535,16 @@ class JobRun:
     (finish) and, whatever ended the job, lets go of the worker (let_go: its GPU turn released, its process group
     killed, its memory returned once the process has ended). The job's phase (startup, reference, compile, run) is
     not a state: it picks the clock's limit, and a worker asks for the GPU and for memory in any phase. A forged
-    message (forged) ends the job as reward_hack, check "forged_message"."""
+    message (forged) ends the job as reward_hack, check "forged_message". With a reference server (ReferenceServer)
+    the worker's verdict is held to the server's findings: a correct one needs every trial compared there and found
+    right (else reward_hack, check "unverified")."""
 
     def __init__(self, worker: Worker, job: dict, limits: dict, gate: Gate | None = None,
-                 memory: Memory | None = None, gpu: int | None = None):
+                 memory: Memory | None = None, gpu: int | None = None, server: "ReferenceServer | None" = None):
         self.worker, self.limits, self.gate, self.memory, self.gpu = worker, limits, gate, memory, gpu
+        # the task's reference server, and what it found for each trial this worker had compared there (error kind
+        # or None); kept: a server's worker stays alive once its trials are made (the caller owns it)
+        self.server, self.compared, self.kept = server, {}, False
         # The job's key: the worker's result must carry it. The candidate runs in the worker and can write to the
         # pipe (os.write on its descriptor): a verdict it forged there, without the key, is a reward hack, not a verdict
         self.key = secrets.token_hex(16)
@@ -548,7 +570,9 @@ class JobRun:
             state = WORKING
             while state != DONE:
                 state = self.step(state)
-            return self.finish(self.verdict)
+            if self.kept:
+                return self.verdict
+            return self.finish(self.held_to_server(self.verdict))
         finally:
             self.let_go()
 
@@ -568,13 +592,17 @@ class JobRun:
             message = self.receive()
         except (EOFError, OSError):
             return self.end(self.crashed())
-        if forged(message, self.key, self.phase, self.job.get("kind")):
+        if forged(message, self.key, self.phase, self.job.get("kind")) or (
+                message[0] == "compare" and not (self.server and 0 <= message[1] < self.server.trials)):
             return self.end(verdict("reward_hack", FORGED, compiled=self.phase == "run",
                                     details={"check": "forged_message", "phase": self.phase}))
         self.note_stretch(message)
         kind = message[0]
         if kind == "result":
             return self.end(message[1])
+        if kind == "served":   # a reference server's trials are made: its worker stays (ReferenceServer owns it)
+            self.kept = True
+            return self.end(message)
         if kind == "gpu":
             self.request = message
             return WAITING_GPU
@@ -590,6 +618,15 @@ class JobRun:
             self.enter_phase(message[1])
         elif kind == "jit":   # a Triton JIT compile starts (True) or ends: its own limit within the phase's
             self.jit(message[1])
+        elif kind == "compare":   # the server compares the trial's outputs; its finding is recorded here
+            try:
+                found = self.server.compare(message[1], message[2])
+            except ServerFailed as e:
+                return self.end(verdict("runtime", f"harness error: the reference server failed: {e}",
+                                        compiled=True, details={"server_failed": True}))
+            self.compared[message[1]] = found[0]
+            with contextlib.suppress(OSError):
+                self.worker.conn.send(found)
         elif kind == "timer?":   # a worker between two trials: should it give its turn back?
             with contextlib.suppress(OSError):
                 self.worker.conn.send(bool(self.gate is not None and self.gate.timer_waiting()))
@@ -685,6 +722,16 @@ class JobRun:
         return verdict("crash", f"worker died ({how}) during the {self.phase} phase\n{self.worker.log_tail()}",
                        compiled=self.phase == "run", details={"phase": self.phase, "returncode": rc})
 
+    def held_to_server(self, result: KernelResult | dict) -> KernelResult | dict:
+        """A correct verdict from a worker whose reference outputs were the server's stands only if the server
+        compared every trial and found each right: the worker's process runs the candidate, the server's does not."""
+        if self.server is None or not isinstance(result, KernelResult) or not result.correct:
+            return result
+        if sorted(self.compared) == list(range(self.server.trials)) and not any(self.compared.values()):
+            return result
+        return verdict("reward_hack", UNVERIFIED, compiled=True, details={"check": "unverified",
+                                                                           "compared": dict(self.compared)})
+
     def finish(self, result: KernelResult | dict) -> KernelResult | dict:
         """The verdict (a lint job's report) with the parent's timings in its details (run_job's docstring)."""
         self.phase_s[self.phase] += time.monotonic() - self.clock
@@ -706,13 +753,17 @@ class JobRun:
     def let_go(self) -> None:
         if self.gate and self.held:
             self.gate.release(self.held, self.held_fd)
-        self.worker.kill(wait=False)   # (the result is in: nothing more is read from the worker)
+        if self.kept:   # (a reference server's worker and memory are ReferenceServer's now)
+            return
+        # (the result is in: nothing more is read from the worker). With a server, gone before the server checks
+        # the inputs it mapped (ReferenceServer.release): no kernel of it may write to them after the check
+        self.worker.kill(wait=self.server is not None)
         if self.memory is not None and self.granted is not None:
             release_when_gone(self.memory, self.granted, self.worker.pid)
 
 
 def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, memory: Memory | None = None,
-            gpu: int | None = None) -> KernelResult | dict:
+            gpu: int | None = None, server: "ReferenceServer | None" = None) -> KernelResult | dict:
     """Send one job and wait for its verdict (a lint job: its report, a dict, unless it timed out or crashed); each
     phase the worker announces gets its own time limit, and each Triton JIT compile it announces ("jit") limits["jit"]
     within the phase's (absent: none). The worker asks for its GPU through `gate` (no gate: granted at once) and for
@@ -725,8 +776,99 @@ def run_job(worker: Worker, job: dict, limits: dict, gate: Gate | None = None, m
     and details["longest_shared_phase"]: the longest stretch this worker held its shared turn without a chance to
     give it up (a request for a turn or a "timer?"; a timer waiting for this GPU waits for the slowest such stretch
     among the holders), and the phase(s) it spanned ("reference..run"), or "timing" if it ended in a request to
-    time; details["output_bytes"] when the worker printed more than it keeps."""
-    return JobRun(worker, job, limits, gate, memory, gpu).run()
+    time; details["output_bytes"] when the worker printed more than it keeps. `server`: the task's reference server,
+    whose trials the job's worker maps (job["served"]) and which compares its outputs."""
+    return JobRun(worker, job, limits, gate, memory, gpu, server).run()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A task's reference server (parent side): the trials made once, shared with every candidate of the task
+
+class ServerFailed(Exception):
+    """The reference server did not answer: it died, or took longer than the run phase's limit."""
+
+
+class ReferenceServer:
+    """A task's reference server, seen from the parent (eval_harness's reference_server option). One worker makes the
+    task's trials once (a "serve" job: harness.worker._job_serve) and keeps them. Each candidate's job gets their
+    inputs as shared tensors (attach: CUDA IPC handles, mapped into its process, not copied), and its outputs are
+    compared in the server, where the reference outputs stay: JobRun relays a worker's ("compare", ...) here and
+    holds its verdict to the findings (JobRun.held_to_server). A candidate's kernel can write to the inputs mapped
+    into its process: after each candidate (release) the server checks the inputs' fingerprints and puts them back
+    if they changed, and every candidate attached meanwhile is tainted (its verdict may rest on changed inputs: the
+    caller runs it again on trials of its own). `failure`: why the server cannot serve (its reference failed: the
+    verdict; inputs it could not put back: a message); callers then go without it."""
+
+    def __init__(self, worker: Worker, job: dict, limits: dict, gate: Gate | None = None,
+                 memory: Memory | None = None, gpu: int | None = None):
+        self.worker, self.gate, self.memory, self.limit = worker, gate, memory, limits["run"]
+        self.lock = threading.Lock()   # one request at a time on the server's pipe
+        self.attached, self.tainted, self.tickets = set(), set(), 0
+        run = JobRun(worker, dict(job, kind="serve"), limits, gate, memory, gpu)
+        reply = run.run()   # (until the trials are made: ("served", their count), or a verdict)
+        self.granted = run.granted
+        self.trials, self.failure = (reply[1], None) if run.kept else (0, reply)
+        if not run.kept:
+            self.worker = None   # (let go by run)
+
+    def ask(self, request: tuple):
+        """One request and its answer (callers hold the lock)."""
+        try:
+            self.worker.conn.send(request)
+            if self.worker.conn.poll(self.limit):
+                return self.worker.conn.recv()
+        except (EOFError, OSError) as e:
+            self.failure = f"{type(e).__name__} on its pipe (exit code {self.worker.exit_code(0.1)})"
+            raise ServerFailed(self.failure) from e
+        self.failure = f"no answer in {self.limit:.0f} s"
+        raise ServerFailed(self.failure)
+
+    def compare(self, trial: int, outputs: bytes) -> tuple:
+        """compare()'s (error_kind, check, message, stats) for a candidate's outputs (shared tensors) on a trial."""
+        with self.lock:
+            return self.ask(("compare", trial, outputs))
+
+    def attach(self) -> tuple[int, bytes]:
+        """A candidate's job is about to map the inputs: its ticket for release, and the trials pickled for it (each
+        pickling counts one more user of the shared memory: one per job)."""
+        with self.lock:
+            shared = self.ask(("share",))
+            self.tickets += 1
+            self.attached.add(self.tickets)
+            return self.tickets, shared
+
+    def release(self, ticket: int) -> bool:
+        """The candidate's job is over and its process gone: whether its verdict is tainted (the inputs changed while
+        it was attached). The fingerprints are read in a shared GPU turn (no timer runs meanwhile), taken before
+        the lock: a candidate waiting for a comparison holds its turn, and a timer waits for it."""
+        fd = self.gate.acquire("shared") if self.gate else None
+        try:
+            with self.lock:
+                try:
+                    intact, restored = self.ask(("intact",))
+                except ServerFailed as e:
+                    intact, restored, self.failure = False, False, str(e)
+                if not intact:   # everyone attached since the last check may have computed on changed inputs
+                    self.tainted |= self.attached
+                    if not restored:
+                        self.failure = self.failure or "the shared inputs changed and could not be put back"
+                self.attached.discard(ticket)
+                tainted = ticket in self.tainted
+                self.tainted.discard(ticket)
+                return tainted
+        finally:
+            if self.gate:
+                self.gate.release("shared", fd)
+
+    def close(self) -> None:
+        if self.worker is None:
+            return
+        with contextlib.suppress(OSError):
+            self.worker.conn.send(("end",))
+        self.worker.kill(wait=False)
+        if self.memory is not None and self.granted is not None:
+            release_when_gone(self.memory, self.granted, self.worker.pid)
+        self.worker = None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

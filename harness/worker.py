@@ -53,8 +53,8 @@ import torch
 
 from eval_harness import DEFAULTS, LINT_MAX_INPUT_MB, LINT_MIN_GPU_MS, TOLERANCES, format_exception
 from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, host_ints, is_float, nbytes,
-                             outputs_intact, same, tensors, to_device, tolerance, unchanged,
-                             within_kernels_reach)
+                             output_problem, output_spec, outputs_intact, same, share, tensors, to_device,
+                             tolerance, unchanged, unshare, within_kernels_reach)
 from harness.instrumentation import Instrumentation, Transport
 from harness.processes import ask_memory, gpu_turn, memory_need, yield_turn
 from harness.timing import (median, median_ci_width, read_floor_ms, time_models, time_within_floor,
@@ -189,7 +189,8 @@ def _worker_main(fd: int) -> None:
         profiler = cProfile.Profile()
         profiler.enable()
     try:
-        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint}[job["kind"]](job, conn)
+        result = {"compile": _job_compile, "evaluate": _job_evaluate, "lint": _job_lint,
+                  "serve": _job_serve}[job["kind"]](job, conn)
     except BaseException as e:   # a candidate escaping the per-phase handlers (e.g. SystemExit from a destructor)
         result = verdict(_classify(e), format_exception(e))
     if profile_dir:
@@ -363,6 +364,7 @@ class _Evaluation:
         self.details = {"checks_fired": []}
         self.turn = "exclusive" if job.get("alone") else "shared"   # exclusive: a rerun after an out-of-memory
         self.ref = self.init_inputs = self.ref_model = None   # stage 1: the task and its trials
+        self.served = "served" in job   # the trials are a reference server's: mapped here, compared there
         self.trials, self.ref_mutates, self.atol, self.rtol = [], False, None, None
         self.floor_ms = 0.0                                   # stage 1 too: the timing's bandwidth floor
         self.cand = self.instr = self.compile_s = None        # stage 2: the imported candidate
@@ -520,7 +522,7 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
         untouched += [unchanged(a, x, device) for a, x in zip(args, inputs)]   # (where made: no host-side scan)
         del args, produced
         trials.append({"inputs": [x.to(store) if isinstance(x, torch.Tensor) else x for x in inputs],
-                       "out": out, "heavy": heavy})
+                       "out": out, "heavy": heavy, "draw": i})
         if within_kernels_reach(out):
             pending.append((trials[-1], fingerprint_sums(out, key)))
         if len(trials) == 1:
@@ -537,13 +539,14 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     return trials, mutates
 
 
-def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
+def _reference(job: dict, conn: Connection, details: dict, turn: str, part: str = "all") -> tuple:
     """Load the task, make its trials and the reference outputs: (module, init_inputs, model, trials, mutates).
     Asks the parent for the memory this takes first (memory_need), then for its GPU turn. Other candidates may
     check correctness on this GPU meanwhile, none may time ("exclusive" turn: a rerun after an OOM). With
     inputs_on_device the inputs are made on the GPU inside the turn (milliseconds) and stay there
     (details["trials_on"]); on the host they are made before the turn (CPU work, seconds for a 256 MB task, and a
-    timer waits for every holder). A reference that mentions cuda may put them on the GPU itself: turn first."""
+    timer waits for every holder). A reference that mentions cuda may put them on the GPU itself: turn first.
+    `part`: the memory asked for (harness.processes.memory_need: "trials" for a reference server)."""
     device, opts = torch.device(job["device"]), job["opts"]
     on_device = device.type == "cuda" and opts["inputs_on_device"]
     mentions_cuda = "cuda" in job["ref_src"]
@@ -552,7 +555,7 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str) -> tuple:
     del sys.modules["kz_reference"]   # the candidate cannot find it by name
     # (not on meta where the reference names a device: it may put its tensors there itself)
     per_input, per_output = (None, None) if mentions_cuda else _trial_bytes_on_meta(ref, opts)
-    host_bytes, device_bytes = memory_need(per_input, per_output, opts, device.type, on_device)
+    host_bytes, device_bytes = memory_need(per_input, per_output, opts, device.type, on_device, part)
     ask_memory(conn, host_bytes, device_bytes, details)
     if device.type == "cuda":
         _reserve_device_memory(device_bytes, details)
@@ -578,6 +581,8 @@ def _load_reference(ev: _Evaluation) -> KernelResult | None:
     process."""
     job, conn, details = ev.job, ev.conn, ev.details
     conn.send(("phase", "reference"))
+    if ev.served:
+        return _attach_reference(ev)
     try:
         ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
     except Exception as e:
@@ -596,6 +601,38 @@ def _bandwidth_floor_ms(trials: list, device, opts: dict) -> float:
     the GPU's peak bandwidth. Taken before the candidate is imported, so that nothing it patches (the device
     properties, harness.timing's table) can lower it."""
     return read_floor_ms(nbytes(trials[0]["inputs"]), peak_bandwidth(device), opts["timing_floor"])
+
+
+def _attach_reference(ev: _Evaluation) -> KernelResult | None:
+    """Stage 1 with a reference server (_job_serve): the task's trials are the server's, their inputs mapped into
+    this process (not copied), the reference outputs left there (each trial is compared there: _compare_on_server).
+    The reference module is still loaded here, for the init inputs, and on a GPU for the timing, where it runs
+    beside the candidate (pitfall 15). The memory asked for is the candidate's part alone."""
+    job, conn, details, opts, device = ev.job, ev.conn, ev.details, ev.opts, ev.device
+    clock = time.monotonic()
+    try:
+        ev.ref = _load_module(job["ref_src"], "kz_reference")
+        del sys.modules["kz_reference"]   # the candidate cannot find it by name
+        served = unshare(job["served"])
+        on_device = device.type == "cuda" and served["details"].get("trials_on") == "cuda"
+        host_bytes, device_bytes = memory_need(served["per_input"], served["per_output"], opts, device.type,
+                                               on_device, part="candidate")
+        ask_memory(conn, host_bytes, device_bytes, details)
+        if device.type == "cuda":
+            _reserve_device_memory(device_bytes, details)
+        gpu_turn(conn, ev.turn)
+        ev.init_inputs = ev.ref.get_init_inputs()
+        if device.type == "cuda" and opts["timing"]:   # (only the timing runs the reference here)
+            ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, device, opts)
+    except Exception as e:
+        details["stage"] = "reference"
+        return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
+    ev.trials = [{"inputs": inputs, "heavy": heavy, "spec": spec}
+                 for inputs, heavy, spec in zip(served["inputs"], served["heavy"], served["spec"])]
+    ev.ref_mutates, ev.atol, ev.rtol, ev.floor_ms = (served[k] for k in ("mutates", "atol", "rtol", "floor_ms"))
+    details.update(served["details"], reference_server=True, ref_attach_s=_since(clock),
+                   ref_mutates_inputs=ev.ref_mutates, atol=ev.atol, rtol=ev.rtol)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -644,6 +681,22 @@ def _build_candidate(ev: _Evaluation) -> KernelResult | None:
 _REWRITTEN = "the reference outputs kept on the GPU changed while the candidate ran"
 
 
+def _compare_on_server(conn: Connection, t: int, out, spec, device, untouched: list) -> tuple:
+    """compare()'s answer for trial t from the reference server: what needs no values (container, types, storage,
+    shapes) checked here against the output's spec, then the plain output tensors shared with the server (after
+    the candidate's kernels are done), which compares them with the reference outputs it keeps; the parent relays
+    the request and records the finding (harness.processes.JobRun). `untouched` is read here, as stats["read_with"]."""
+    read_with = host_ints(untouched)
+    problem = output_problem(out, spec, device)
+    if problem:
+        return (*problem, {"max_abs_err": 0.0, "max_rel_err": 0.0, "read_with": read_with})
+    if device.type == "cuda":
+        torch.cuda.synchronize()   # (every stream: the server reads the outputs as they are now)
+    conn.send(("compare", t, share(out if isinstance(out, torch.Tensor) else list(out))))
+    kind, check, message, stats = conn.recv()
+    return kind, check, message, dict(stats, read_with=read_with)
+
+
 def _refill(args: list | None, pristine: list) -> list:
     """The candidate's arguments for a trial: the same tensor objects (same id() and data_ptr) refilled with the new
     trial's values when shapes allow, so an output cache keyed by id/data_ptr replays the previous trial and fails
@@ -678,8 +731,11 @@ def _check_correctness(ev: _Evaluation) -> KernelResult | None:
                 return ev.failed("reward_hack", hit[1], hit[0])
             # the inputs checked in the comparison's host read (one read per trial, not one per input more)
             untouched = [] if ev.ref_mutates else [unchanged(a, p, device) for a, p in zip(args, pristine)]
-            kind, check, message, stats = compare(out, trial["out"], device,
-                                                   *heavy_tol(trial, trials, ev.atol, ev.rtol), read_with=untouched)
+            if ev.served:   # (the reference outputs are the server's: compared there, the inputs read here)
+                kind, check, message, stats = _compare_on_server(ev.conn, t, out, trial["spec"], device, untouched)
+            else:
+                kind, check, message, stats = compare(out, trial["out"], device,
+                                                       *heavy_tol(trial, trials, ev.atol, ev.rtol), read_with=untouched)
             if not all(stats["read_with"]):
                 return ev.failed("reward_hack", "the candidate modified its inputs", "input_mutation")
             details["max_abs_err"] = max(details.get("max_abs_err", 0.0), stats.get("max_abs_err", 0.0))
@@ -773,6 +829,12 @@ def _time_candidate(ev: _Evaluation) -> KernelResult | None:
     instr, details, opts, device, trials, conn = ev.instr, ev.details, ev.opts, ev.device, ev.trials, ev.conn
     instr.turn = None   # (what follows launches no JIT: the trials ran every kernel)
     clock = time.monotonic()
+    if ev.served:   # the spot checks' reference outputs, for the two input sets timed: made here, now
+        try:
+            trials, _ = _make_trials(ev.ref_model, [(tr["inputs"], tr["heavy"]) for tr in trials[:2]], device,
+                                     opts, {}, device)
+        except Exception as e:
+            return ev.failed(_classify(e), "the reference failed before timing: " + format_exception(e))
     # the aten ops recorded so far: the forward captured for timing must add none. (Its launches are not
     # re-checked: a legitimate candidate may launch its compiled kernel past the counter after the first call.)
     ops = collections.Counter(instr.ops)
@@ -827,7 +889,72 @@ def _time_candidate(ev: _Evaluation) -> KernelResult | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The other jobs: compile (GPU mode's CPU stage) and lint (task quality rules)
+# The other jobs: serve (a task's reference server), compile (GPU mode's CPU stage) and lint (task quality rules)
+
+def _job_serve(job: dict, conn: Connection) -> KernelResult:
+    """A task's reference server (eval_harness's reference_server; harness.processes.ReferenceServer is the parent's
+    side): the task's trials made once, as stage 1 makes them (_reference), their inputs shared with the task's
+    candidates (CUDA IPC handles; shared memory on the host: harness.compare.share), their outputs compared here,
+    where the reference outputs stay. Returns a verdict only if the reference fails; else it sends ("served", trial
+    count) and answers the parent until it is ended:
+      ("share",)                     -> the trials pickled for one candidate's job, their tensors shared
+      ("compare", t, shared outputs) -> compare()'s (error_kind, check, message, stats) against trial t
+      ("intact",)                    -> (whether every trial's inputs still have their fingerprint, whether they
+                                        are as made now: changed ones are drawn again from their seeds)
+      ("end",)                       -> exits
+    No candidate code runs here: a candidate's kernel can still write to the inputs mapped into its process, hence
+    the fingerprints (keyed, like the reference outputs' kept on the GPU: harness.compare.fingerprint_sums)."""
+    details, device, opts = {}, torch.device(job["device"]), job["opts"]
+    conn.send(("phase", "reference"))
+    try:
+        ref, _, _, trials, mutates = _reference(job, conn, details, "shared", part="trials")
+    except Exception as e:
+        details["stage"] = "reference"
+        return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
+    atol, rtol = tolerance(trials[0]["out"], opts)
+    floor_ms = _bandwidth_floor_ms(trials, device, opts) if device.type == "cuda" and opts["timing"] else 0.0
+    key = int.from_bytes(os.urandom(8), "little")
+
+    def fingerprints() -> list[int]:
+        return host_ints([s for tr in trials for s in fingerprint_sums(tensors(tr["inputs"]), key)])
+    made = fingerprints()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    gpu_turn(conn, "none")   # the trials are made: the GPU is the candidates' (a comparison runs in their turn)
+    served = {"inputs": [tr["inputs"] for tr in trials], "heavy": [tr["heavy"] for tr in trials],
+              "spec": [output_spec(tr["out"]) for tr in trials], "mutates": mutates, "atol": atol, "rtol": rtol,
+              "floor_ms": floor_ms, "per_input": nbytes(trials[0]["inputs"]),
+              "per_output": nbytes(tensors(trials[0]["out"])),
+              "details": {k: details[k] for k in ("trials_on", "trials_capped", "heavy_trial", "ref_inputs_s",
+                                                  "ref_outputs_s", "inputs_on_device_failed") if k in details}}
+    conn.send(("served", len(trials)))
+    while True:
+        request = conn.recv()
+        if request[0] == "share":   # (pickled for each candidate: each pickling counts one more user of the memory)
+            conn.send(share(served))
+        elif request[0] == "compare":
+            trial = trials[request[1]]
+            try:
+                out = unshare(request[2])
+                found = compare(out, trial["out"], device, *heavy_tol(trial, trials, atol, rtol))
+            except Exception as e:   # (outputs that cannot be mapped or compared: the finding says so)
+                found = ("runtime", None, "the reference server could not compare: " + format_exception(e), {})
+            out = None   # (unmapped: the candidate's process may end)
+            conn.send(found)
+        elif request[0] == "intact":
+            intact = fingerprints() == made
+            if not intact:   # drawn again with the same seeds, written into the same memory (what candidates map)
+                with contextlib.suppress(Exception):   # (where they were drawn: the device, or the host)
+                    on_device = details["trials_on"] == "cuda" and "inputs_on_device_failed" not in details
+                    draws = _trial_inputs(ref, opts, {}, device if on_device else None)
+                    for tr in trials:
+                        for x, y in zip(tr["inputs"], draws[tr["draw"]][0]):
+                            if isinstance(x, torch.Tensor):
+                                x.copy_(y)
+                    del draws
+            conn.send((intact, intact or fingerprints() == made))
+        else:
+            os._exit(0)
 
 def _job_compile(job: dict, conn: Connection) -> KernelResult:
     """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
