@@ -368,7 +368,9 @@ class Memory:
 
     A job asks for (host bytes, device bytes) before it makes its trials: its worker estimates them from the task's
     input sizes (memory_need). It is admitted when its bytes fit in what is free, or when no other admitted job is
-    running (a job larger than the whole budget still runs, alone)."""
+    running (a job larger than the whole budget still runs, alone). A reference server's bytes (acquire with
+    counted=False) are held while its task's candidates run: they take memory, but do not count as a running job,
+    else a server and a candidate of its own task that does not fit beside it would wait for each other."""
 
     def __init__(self, host_bytes: int, gpu_bytes: dict):
         self.cond = threading.Condition()
@@ -376,20 +378,21 @@ class Memory:
         self.free = dict(self.total)
         self.running = 0
 
-    def acquire(self, need: dict) -> dict:
+    def acquire(self, need: dict, counted: bool = True) -> dict:
         need = {key: min(int(v), self.total[key]) for key, v in need.items() if key in self.total and v > 0}
         with self.cond:
             self.cond.wait_for(lambda: self.running == 0 or all(self.free[k] >= v for k, v in need.items()))
             for key, v in need.items():
                 self.free[key] -= v
-            self.running += 1
-        return need
+            self.running += counted
+        return {**need, "counted": counted}
 
     def release(self, granted: dict) -> None:
         with self.cond:
             for key, v in granted.items():
-                self.free[key] += v
-            self.running -= 1
+                if key != "counted":
+                    self.free[key] += v
+            self.running -= granted["counted"]
             self.cond.notify_all()
 
 
@@ -685,7 +688,7 @@ class JobRun:
         if self.memory is not None and self.granted is None:
             on_gpu = self.gpu is not None and self.gpu in self.memory.total
             self.granted = self.memory.acquire({"host": host, self.gpu: device} if on_gpu
-                                               else {"host": host + device})
+                                               else {"host": host + device}, counted=self.job.get("kind") != "serve")
         self.mem_wait_s += self.resume(start)
 
     def resume(self, start: float) -> float:

@@ -197,6 +197,8 @@ def _worker_main(fd: int) -> None:
         profiler.disable()
         with contextlib.suppress(OSError):
             profiler.dump_stats(os.path.join(profile_dir, f"{job['kind']}-{os.getpid()}.prof"))
+    if result is None:   # (a reference server told to end)
+        os._exit(0)
     result = _seal(result, transport, conn, parts)
     _send_sealed(("result", result, key), fd, write)
     os._exit(0)   # skip interpreter teardown (candidate finalizers); the parent kills the group anyway
@@ -891,7 +893,7 @@ def _time_candidate(ev: _Evaluation) -> KernelResult | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # The other jobs: serve (a task's reference server), compile (GPU mode's CPU stage) and lint (task quality rules)
 
-def _job_serve(job: dict, conn: Connection) -> KernelResult:
+def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
     """A task's reference server (eval_harness's reference_server; harness.processes.ReferenceServer is the parent's
     side): the task's trials made once, as stage 1 makes them (_reference), their inputs shared with the task's
     candidates (CUDA IPC handles; shared memory on the host: harness.compare.share), their outputs compared here,
@@ -901,7 +903,7 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult:
       ("compare", t, shared outputs) -> compare()'s (error_kind, check, message, stats) against trial t
       ("intact",)                    -> (whether every trial's inputs still have their fingerprint, whether they
                                         are as made now: changed ones are drawn again from their seeds)
-      ("end",)                       -> exits
+      ("end",)                       -> returns None (nothing to send: the worker exits)
     No candidate code runs here: a candidate's kernel can still write to the inputs mapped into its process, hence
     the fingerprints (keyed, like the reference outputs' kept on the GPU: harness.compare.fingerprint_sums)."""
     details, device, opts = {}, torch.device(job["device"]), job["opts"]
@@ -954,7 +956,7 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult:
                     del draws
             conn.send((intact, intact or fingerprints() == made))
         else:
-            os._exit(0)
+            return None
 
 def _job_compile(job: dict, conn: Connection) -> KernelResult:
     """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""

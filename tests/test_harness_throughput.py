@@ -31,11 +31,19 @@ def test_harness_memory_admission_waits_and_never_deadlocks():
     assert not got   # 60 + 60 > 100: waits
     mem.release(a)
     waiter.join(5)
-    assert got == [{"host": 60}]
+    assert got == [{"host": 60, "counted": True}]
     mem.release(got[0])
     huge = mem.acquire({"host": 10**12, 0: 10**12})   # larger than the budget: admitted alone, capped
-    assert huge == {"host": 100, 0: 50}
+    assert huge == {"host": 100, 0: 50, "counted": True}
     mem.release(huge)
+    # a reference server's bytes are held while its candidates run, but are no running job: one of its candidates
+    # that does not fit beside them still runs when nothing else does (else each would wait for the other)
+    served = mem.acquire({"host": 70}, counted=False)
+    candidate = mem.acquire({"host": 60})
+    assert mem.free["host"] == -30 and mem.running == 1
+    mem.release(candidate)
+    mem.release(served)
+    assert mem.free == {"host": 100, 0: 50} and mem.running == 0
 
 
 def test_harness_gpu_budget_leaves_out_the_workers_contexts():
@@ -283,8 +291,11 @@ def test_harness_bench_round_profiles_the_workers(tmp_path, monkeypatch, capsys)
     monkeypatch.delenv("KZ_WORKER_PROFILE", raising=False)
     monkeypatch.setattr(bench, "round_candidates", lambda tag, tasks, samples, failures, backend: [
         (t.RELU_TASK, t.GOOD_RELU, "ok"), (t.RELU_TASK, t.WRONG, "wrong")])
-    cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1, round_timing="",
-                       round_profile=str(tmp_path / "prof"), round_baseline="none")
+    # (each candidate makes its own trials: a reference server's profile is written as it is ended, which races
+    # with its kill)
+    cfg = bench.Config(out=str(tmp_path), round_tasks=1, round_samples=2, gpu_workers=1,
+                       round_timing="reference_server=false", round_profile=str(tmp_path / "prof"),
+                       round_baseline="none")
     bench.bench_round(cfg, "test")
     files = os.listdir(tmp_path / "prof" / "run0")   # (one run: no baseline)
     assert sum(f.startswith("evaluate-") and f.endswith(".prof") for f in files) == 2, files
@@ -770,11 +781,16 @@ def test_harness_forged_knows_every_message_the_worker_sends():
     honest = [("ready", 123), ("phase", "reference"), ("gpu", "shared"), ("gpu", "exclusive"), ("gpu", "none"),
               ("mem", 2**30, 0), ("jit", True), ("jit", False), ("timer?",), ("result", hv.verdict("ok"), key)]
     assert [m for m in honest if hp.forged(m, key, "startup")] == []
-    assert set(hp.MESSAGES) == {m[0] for m in honest}   # (a new kind of message gets its case here)
+    # a reference server's and its candidates' own messages, in the phase and job that send them
+    served = [(("served", 6), "reference", "serve"), (("compare", 5, b"outputs"), "run", "evaluate")]
+    assert [m for m, phase, job in served if hp.forged(m, key, phase, job)] == []
+    assert set(hp.MESSAGES) == {m[0] for m in honest} | {m[0] for m, _, _ in served}   # (a new kind gets its case)
     bad = [("ready",), ("phase", "startup"), ("phase", "reference", 1), ("gpu", "all"), ("mem", 1.0, 0),
            ("mem", 1, -1), ("mem", True, 0), ("jit", 1), ("timer?", 1), ("result", hv.verdict("ok"), "x" * 32),
-           ("result", {"error_kind": "ok"}, key), ("result", [], key), ("nothing",), (), ["ready", 1], "result"]
+           ("result", {"error_kind": "ok"}, key), ("result", [], key), ("nothing",), (), ["ready", 1], "result",
+           ("served", 6), ("compare", 0, b"outputs"), ("compare", 0)]
     assert [m for m in bad if not hp.forged(m, key, "startup")] == []
+    assert hp.forged(("served", "6"), key, "reference", "serve")
     assert hp.forged(("phase", "run"), key, "run") and not hp.forged(("phase", "run"), key, "compile")
     # every kind of verdict the worker and the parent make is well formed; none of the ill-formed ones is
     made = [hv.verdict(kind) for kind in eh.ERROR_KINDS] + [
