@@ -371,7 +371,7 @@ class _Evaluation:
         self.floor_ms = 0.0                                   # stage 1 too: the timing's bandwidth floor
         self.cand = self.instr = self.compile_s = None        # stage 2: the imported candidate
         self.cand_model = None                                # stage 3
-        self.timing = {}                                      # stage 5: runtime_ms, ref_runtime_ms, speedup
+        self.timing, self.timed_trials = {}, None             # stage 5: runtime_ms, ref_runtime_ms, speedup
 
     def failed(self, kind: str, error: str, check: str | None = None) -> KernelResult:
         """A verdict once the candidate has imported."""
@@ -396,6 +396,8 @@ def _job_evaluate(job: dict, conn: Connection) -> KernelResult:
     hit = ev.instr.verify()   # (the last stage need not end with one: CPU mode's last candidate call was a trial's)
     if hit:
         return ev.failed("reward_hack", hit[1], hit[0])
+    if ev.opts["compile_baseline"] and ev.timing:
+        _compile_baseline(ev)
     return verdict("ok", compiled=True, compile_s=ev.compile_s, details=ev.details, **ev.timing)
 
 
@@ -879,15 +881,24 @@ def _time_candidate(ev: _Evaluation) -> KernelResult | None:
         details["graph_fallback"] = times["graph_fallback"]
     ev.timing = dict(runtime_ms=median(cand_ms), ref_runtime_ms=median(ref_ms),
                      speedup=median(ref_ms) / max(median(cand_ms), 1e-9))
-    if opts["compile_baseline"] and ev.ref_model is not None:   # after verify(): torch.compile starts threads
-        try:
-            compiled = torch.compile(ev.ref_model)
-            ms = median(time_models({"compiled": compiled}, trials, device, opts["timing_budget_s"],
-                                      exclusive=alone, after=shared)["compiled"])
-            details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(median(cand_ms), 1e-9))
-        except Exception as e:   # the baseline is optional: report, do not fail the candidate
-            details["compile_baseline_error"] = truncate(format_exception(e), 300)
+    ev.timed_trials = trials   # (the compile baseline's inputs: _compile_baseline)
     return None
+
+
+def _compile_baseline(ev: _Evaluation) -> None:
+    """details["compile_baseline_ms"]: torch.compile(reference) timed on the timing's inputs (the option
+    compile_baseline). After the last check of the candidate: torch.compile starts threads, and dynamo patches
+    torch.nn.Module.__init__ and __setstate__ (torch._dynamo.mutation_guard), which the identity snapshot would read
+    as the candidate's patch of what the reference calls. No candidate code runs here."""
+    conn, opts = ev.conn, ev.opts
+    try:
+        compiled = torch.compile(ev.ref_model)
+        ms = median(time_models({"compiled": compiled}, ev.timed_trials, ev.device, opts["timing_budget_s"],
+                                exclusive=lambda: gpu_turn(conn, "exclusive"),
+                                after=(lambda: gpu_turn(conn, "shared")) if ev.turn == "shared" else None)["compiled"])
+        ev.details.update(compile_baseline_ms=ms, speedup_vs_compile=ms / max(ev.timing["runtime_ms"], 1e-9))
+    except Exception as e:   # the baseline is optional: report, do not fail the candidate
+        ev.details["compile_baseline_error"] = truncate(format_exception(e), 300)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
