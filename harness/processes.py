@@ -11,6 +11,8 @@ harness/worker.py is what runs inside a worker. This file is the machinery betwe
   - run_job (JobRun, a small state machine): sends one job and waits for its verdict, a harness.verdict.KernelResult,
     with a time limit per phase that excludes the waits for the GPU and for memory; a message the worker never sends
     (forged: the candidate wrote to the pipe) is a reward hack.
+  - ReferenceServer: a task's trials made once by a worker of their own and shared with the task's candidates (their
+    inputs mapped, their outputs compared there), for eval_harness's reference_server option.
   - gpu_turn, pass_turn, yield_turn, ask_memory: the other end of run_job, called inside a worker (its requests for
     the GPU turn and for memory).
 

@@ -4,7 +4,8 @@ Nothing here runs in the caller's process. The zygote (harness.processes.Zygote,
 imports this module once and calls zygote_main; every worker is forked from that zygote, runs _worker_main and
 exactly one job, and is killed with its process group: "evaluate" (one candidate in five stages, _job_evaluate: the
 reference's trials, the instrumentation and the candidate's import, correctness trials, kernel coverage, timing),
-"compile" (GPU mode's CPU stage) and "lint" (the task quality rules). The parent side is eval_harness.py (verdicts,
+"serve" (a task's reference server: its trials made once, shared with its candidates, their outputs compared
+there), "compile" (GPU mode's CPU stage) and "lint" (the task quality rules). The parent side is eval_harness.py (verdicts,
 the public API, and the pitfalls table that the checks here implement, in its docstring) and harness/processes.py
 (pools, the GPU gate, memory admission, time limits).
 

@@ -10,6 +10,8 @@
                               verdict and forged answers, the GPU gate, lint, CLI, GPU tests
   test_graph_timing.py        the graph timing's replays that do nothing: poisoned outputs, the bandwidth floor
   test_harness_throughput.py  harness throughput: memory admission, workers booted ahead, trial inputs on the GPU
+  test_reference_server.py    a task's reference server: the verdicts of private trials, a write to the shared
+                              inputs seen and put back, a correct verdict only on the server's findings
   test_cuda_ext.py            cuda_ext/: fast_load_inline and the bench generators' candidates
   test_tasks.py               kernelbench_tasks/: task library, API catalog, golden solutions, synthetic pairs
   test_loss.py                kernelzero.py's copyable block: advantages, the clipped surrogate loss, CA-GRPO rewards,
