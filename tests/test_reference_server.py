@@ -114,6 +114,31 @@ def test_reference_server_tainted_candidates_are_evaluated_again_on_their_own_tr
     assert not any(r.details.get("reference_server") for r in results)   # the verdicts are the private runs'
 
 
+def test_reference_server_that_dies_fails_loudly_and_its_candidates_make_their_own_trials(monkeypatch):
+    import os
+    import signal
+    pool, server = _cpu_server()
+    try:
+        os.kill(server.worker.pid, signal.SIGKILL)
+        with pytest.raises(hp.ServerFailed):
+            server.compare(0, b"")
+        assert server.failure   # (the next candidates of its task go without it)
+    finally:
+        server.close()
+        pool.close()
+
+    def dies(self, trial, outputs):   # a server that dies under the candidates' first comparison
+        self.failure = "EOFError on its pipe"
+        raise hp.ServerFailed(self.failure)
+    monkeypatch.setattr(hp.ReferenceServer, "compare", dies)
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False) as ev:
+        results = ev.map([(RELU_TASK, GOOD_RELU), (RELU_TASK, WRONG), (RELU_TASK, GOOD_RELU + "\n_SECOND = 1\n")])
+    assert [r.error_kind for r in results] == ["ok", "mismatch", "ok"]
+    # the correct ones needed a comparison: made on their own trials (the wrong one's shape fails before any)
+    assert not any(r.details.get("reference_server") for r in results if r.correct)
+    assert any("the reference server failed" in (r.details.get("rerun_private") or "") for r in results)
+
+
 def test_reference_server_a_correct_verdict_needs_every_trial_found_right_there():
     ok = hv.verdict("ok", compiled=True)
     run = types.SimpleNamespace(server=types.SimpleNamespace(trials=3), compared={0: None, 1: None, 2: None})
