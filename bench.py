@@ -1248,14 +1248,20 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
                          "checks": [r.details.get("check") for r in results], "spent_s": dict(spent),
                          "served": sum(bool(r.details.get("reference_server")) for r in results),
                          "rerun_private": sum(bool(r.details.get("rerun_private")) for r in results),
+                         # each candidate's measured GPU peak against what memory admission granted it
+                         "gpu_peak_mb": [gpu_peak_mb(r.details) for r in results],
                          "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
                          **busy_summary(gpu, "gpu")}
         as_labelled = sum(r.error_kind == {"fallback": "reward_hack", "wrong": "mismatch"}.get(label, label)
                           for r, (_, (_, label)) in zip(results, cands))
         rows.append([name, round(wall, 1), round(len(cands) / wall * 60, 1), f"{as_labelled}/{len(cands)}"])
+        ratios = [peak / need for peak, need in zip(summary[name]["gpu_peak_mb"], summary[name]["mem_need_mb"])
+                  if peak and need]
         print(f"{name}: {wall:.1f} s for {len(cands)} candidates of {len(tasks)} official level-{cfg.kb_level} tasks; "
-              f"{as_labelled} as labelled; seconds summed over candidates: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in spent.most_common(8)), flush=True)
+              f"{as_labelled} as labelled; GPU peak / admitted: median "
+              f"{statistics.median(ratios) if ratios else float('nan'):.2f}, max {max(ratios, default=float('nan')):.2f}; "
+              "seconds summed over candidates: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.most_common(8)),
+              flush=True)
         record(cfg, f"kernelbench_{name}", summary[name])
     names = [row[0] for row in rows]
     for row in rows:   # each run against the first private one: the same verdicts, and the wall-time ratio
