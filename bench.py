@@ -41,7 +41,8 @@ Sections:
   (g) kernelbench: official KernelBench tasks (`kb_dir`, level `kb_level`, the first `kb_tasks`) x `kb_samples`
       Triton candidates each, through the Evaluator with its reference server (a task's trials made once per GPU,
       mapped by its candidates) and without (`kb_runs`, alternated: machines drift): wall seconds, the ratio, where
-      the harness's seconds went, and whether every verdict is the same. No model here, so the candidates are made
+      the harness's seconds went, each candidate's GPU peak against the memory it was admitted with, and whether
+      every verdict is the same. No model here, so the candidates are made
       from the task itself (kb_candidates): its reference plus a Triton copy of the output (correct on every trial,
       then a PyTorch fallback), the same with the copy off by one (a mismatch on the first trial), one that raises
       in forward; that is the reference, trials and correctness path, which the server changes (timing it does not).
