@@ -57,7 +57,7 @@ from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, hos
                              output_problem, output_spec, outputs_intact, same, share, tensors, to_device,
                              tolerance, unchanged, unshare, within_kernels_reach)
 from harness.instrumentation import Instrumentation, Transport
-from harness.processes import ask_memory, gpu_turn, memory_need, yield_turn
+from harness.processes import ask_memory, gpu_turn, memory_need, pass_turn, yield_turn
 from harness.timing import (median, median_ci_width, read_floor_ms, time_models, time_within_floor,
                             timing_rule, peak_bandwidth)
 from harness.verdict import KernelResult, truncate, verdict
@@ -581,6 +581,12 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str, part: str 
     return ref, init_inputs, ref_model, trials, ref_mutates
 
 
+def _reference_failed(e: Exception, details: dict) -> KernelResult:
+    """Stage 1's verdict when the reference itself fails (a candidate's worker, or a reference server's)."""
+    details["stage"] = "reference"
+    return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
+
+
 def _load_reference(ev: _Evaluation) -> KernelResult | None:
     """Stage 1: the task's trials and reference outputs (_reference), before any candidate code exists in this
     process."""
@@ -591,8 +597,7 @@ def _load_reference(ev: _Evaluation) -> KernelResult | None:
     try:
         ev.ref, ev.init_inputs, ev.ref_model, ev.trials, ev.ref_mutates = _reference(job, conn, details, ev.turn)
     except Exception as e:
-        details["stage"] = "reference"
-        return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
+        return _reference_failed(e, details)
     details["ref_mutates_inputs"] = ev.ref_mutates
     ev.atol, ev.rtol = tolerance(ev.trials[0]["out"], ev.opts)
     details.update(atol=ev.atol, rtol=ev.rtol)
@@ -630,8 +635,7 @@ def _attach_reference(ev: _Evaluation) -> KernelResult | None:
         if device.type == "cuda" and opts["timing"]:   # (only the timing runs the reference here)
             ev.ref_model = _build_model(ev.ref.Model, ev.init_inputs, device, opts)
     except Exception as e:
-        details["stage"] = "reference"
-        return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
+        return _reference_failed(e, details)
     ev.trials = [{"inputs": inputs, "heavy": heavy, "spec": spec}
                  for inputs, heavy, spec in zip(served["inputs"], served["heavy"], served["spec"])]
     ev.ref_mutates, ev.atol, ev.rtol, ev.floor_ms = (served[k] for k in ("mutates", "atol", "rtol", "floor_ms"))
@@ -923,8 +927,7 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
     try:
         ref, _, _, trials, mutates = _reference(job, conn, details, "shared", part="trials")
     except Exception as e:
-        details["stage"] = "reference"
-        return _fail(_classify(e), "the reference failed: " + format_exception(e), details)
+        return _reference_failed(e, details)
     atol, rtol = tolerance(trials[0]["out"], opts)
     floor_ms = _bandwidth_floor_ms(trials, device, opts) if device.type == "cuda" and opts["timing"] else 0.0
     key = int.from_bytes(os.urandom(8), "little")
@@ -932,9 +935,9 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
     def fingerprints() -> list[int]:
         return host_ints([s for tr in trials for s in fingerprint_sums(tensors(tr["inputs"]), key)])
     made = fingerprints()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    gpu_turn(conn, "none")   # the trials are made: the GPU is the candidates' (a comparison runs in their turn)
+    tols = [heavy_tol(tr, trials, atol, rtol) for tr in trials]   # (each trial's, read once for every candidate)
+    pass_turn(conn, device.type, "none")   # the trials are made: the GPU is the candidates' (a comparison runs in
+                                           # their turn)
     served = {"inputs": [tr["inputs"] for tr in trials], "heavy": [tr["heavy"] for tr in trials],
               "spec": [output_spec(tr["out"]) for tr in trials], "mutates": mutates, "atol": atol, "rtol": rtol,
               "floor_ms": floor_ms, "per_input": nbytes(trials[0]["inputs"]),
@@ -950,7 +953,7 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
             trial = trials[request[1]]
             try:
                 out = unshare(request[2])
-                found = compare(out, trial["out"], device, *heavy_tol(trial, trials, atol, rtol))
+                found = compare(out, trial["out"], device, *tols[request[1]])
             except Exception as e:   # (outputs that cannot be mapped or compared: the finding says so)
                 found = ("runtime", None, "the reference server could not compare: " + format_exception(e), {})
             out = None   # (unmapped: the candidate's process may end)
