@@ -963,6 +963,15 @@ def gpu_peak_mb(details: dict) -> int | None:
     return max((peak for peak, _ in stages.values()), default=None)
 
 
+def spent_seconds(results: list) -> collections.Counter:
+    """Seconds summed over a run's candidates, by phase (details["phase_s"]) and by every other *_s detail."""
+    spent = collections.Counter()
+    for r in results:
+        spent.update(r.details.get("phase_s", {}))
+        spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
+    return spent
+
+
 def bench_round(cfg: Config, tag: str) -> None:
     """The round-shaped batch through each --round-timing variant of the current harness (first, so that their
     numbers stand if a call is cut short), then through the baseline; each variant's verdicts and speedups are
@@ -1012,10 +1021,7 @@ def bench_round(cfg: Config, tag: str) -> None:
         stop.set()
         for sampler in samplers:
             sampler.join()
-        spent = collections.Counter()
-        for r in results:
-            spent.update(r.details.get("phase_s", {}))
-            spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
+        spent = spent_seconds(results)
         summary[name] = {"wall_s": wall, "map_s": map_s, "warm_s": warm_s, "warm": cfg.round_warm, "opts": opts,
                          "kinds": [r.error_kind for r in results],
                          "speedups": [r.speedup for r in results], "runtime_ms": [r.runtime_ms for r in results],
@@ -1240,10 +1246,7 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
         wall = time.perf_counter() - t0
         stop.set()
         sampler.join()
-        spent = collections.Counter()
-        for r in results:
-            spent.update(r.details.get("phase_s", {}))
-            spent.update({k: v for k, v in r.details.items() if k.endswith("_s") and isinstance(v, (int, float))})
+        spent = spent_seconds(results)
         name = f"{kind}{run}"
         summary[name] = {"wall_s": wall, "kinds": [r.error_kind for r in results],
                          "checks": [r.details.get("check") for r in results], "spent_s": dict(spent),
