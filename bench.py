@@ -45,7 +45,9 @@ Sections:
       every verdict is the same. No model here, so the candidates are made
       from the task itself (kb_candidates): its reference plus a Triton copy of the output (correct on every trial,
       then a PyTorch fallback), the same with the copy off by one (a mismatch on the first trial), one that raises
-      in forward; that is the reference, trials and correctness path, which the server changes (timing it does not).
+      in forward; that is the reference, trials and correctness path, which the server changes. Where one of our
+      Triton solutions computes the task (KB_GOLDEN: ReLU, Sigmoid, Tanh, Swish) the fourth candidate is that
+      solution: correct, hence timed, so its GPU peak covers the timing's memory too.
 Every generated candidate carries a per-run tag inside its kernel source, so no build cache (ours, torch's, Triton's)
 can serve a cold measurement from an earlier run.
 
@@ -1214,13 +1216,31 @@ class ModelNew(Model):
 """
 
 
-def kb_candidates(ref_src: str, samples: int, tag: str) -> list[tuple[str, str]]:
+# Official level-1 tasks that one of our Triton solutions (kernelbench_tasks/solutions/level1) computes exactly,
+# at any shape: elementwise ops. Their copies in (g) are correct kernels, so those candidates are also timed.
+KB_GOLDEN = {"19_ReLU": "001_Relu", "21_Sigmoid": "005_Sigmoid", "22_Tanh": "004_Tanh", "25_Swish": "003_Silu"}
+
+
+def kb_golden(name: str, level: int) -> str | None:
+    """Our Triton solution of an official task (KB_GOLDEN), or None."""
+    ours = KB_GOLDEN.get(name) if level == 1 else None
+    if ours is None:
+        return None
+    with open(os.path.join(HERE, "kernelbench_tasks", "solutions", "level1", f"{ours}_triton.py")) as f:
+        return f.read()
+
+
+def kb_candidates(ref_src: str, samples: int, tag: str, golden: str | None = None) -> list[tuple[str, str]]:
     """`samples` candidates for one official task, made from its reference (bench (g)): (source, label) for a
-    correct-then-fallback copy, an off-by-one copy, one raising in forward, then more fallback copies (each with its
-    own constant: no two are the same program, so none is a duplicate)."""
+    correct-then-fallback copy, an off-by-one copy, one raising in forward, then our solution of the task where
+    there is one (`golden`, correct: it is timed), then more fallback copies (each with its own constant: no two are
+    the same program, so none is a duplicate)."""
     kinds = [("fallback", 0, ""), ("wrong", 1, ""), ("runtime", 0, "raise RuntimeError('kz: raises')")]
     out = []
     for i in range(samples):
+        if i == len(kinds) and golden:   # (the tag in its kernel's first line: a new program to Triton's cache)
+            out.append((golden.replace("pid = tl.program_id(0)", f"pid = tl.program_id(0)  # {tag}", 1), "ok"))
+            continue
         label, add, raise_line = kinds[i] if i < len(kinds) else ("fallback", 0, "")
         src = ref_src + KB_COPY.format(add=add, raise_line=raise_line or "pass") + f"\n_KZ_TAG = '{tag}-{i}'\n"
         out.append((src, label))
@@ -1235,7 +1255,8 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
     tasks = load_tasks(cfg.kb_level, cfg.kb_dir, cfg.kb_tasks)
     summary, rows = {"tasks": [name for name, _ in tasks], "samples": cfg.kb_samples}, []
     for run, kind in enumerate(cfg.kb_runs.split(",")):
-        cands = [(src, c) for _, src in tasks for c in kb_candidates(src, cfg.kb_samples, f"{tag}-{run}")]
+        cands = [(src, c) for name, src in tasks
+                 for c in kb_candidates(src, cfg.kb_samples, f"{tag}-{run}", kb_golden(name, cfg.kb_level))]
         gpu, stop = [], threading.Event()
         sampler = threading.Thread(target=sample_gpu_busy, args=(gpu, stop), daemon=True)
         sampler.start()
@@ -1255,7 +1276,7 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
                          # each candidate's measured GPU peak against what memory admission granted it
                          "gpu_peak_mb": [gpu_peak_mb(r.details) for r in results],
                          "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
-                         **busy_summary(gpu, "gpu")}
+                         "speedups": [r.speedup for r in results], **busy_summary(gpu, "gpu")}
         as_labelled = sum(r.error_kind == {"fallback": "reward_hack", "wrong": "mismatch"}.get(label, label)
                           for r, (_, (_, label)) in zip(results, cands))
         rows.append([name, round(wall, 1), round(len(cands) / wall * 60, 1), f"{as_labelled}/{len(cands)}"])

@@ -389,6 +389,18 @@ class Memory:
             self.running += counted
         return {**need, "counted": counted}
 
+    def shrink(self, granted: dict, keep: dict) -> dict:
+        """The grant cut down to `keep`'s bytes per key (never raised), the rest freed: a reference server, once its
+        trials are made, keeps only what it holds (served_need)."""
+        with self.cond:
+            kept = dict(granted)
+            for key, v in granted.items():
+                if key != "counted":
+                    kept[key] = min(v, int(keep.get(key, 0)))
+                    self.free[key] += v - kept[key]
+            self.cond.notify_all()
+        return kept
+
     def release(self, granted: dict) -> None:
         with self.cond:
             for key, v in granted.items():
@@ -439,13 +451,15 @@ def host_available_bytes() -> int:
 
 
 def memory_need(per_input: int | None, per_output: int | None, opts: dict, device: str,
-                inputs_on_device: bool = False, part: str = "all") -> tuple[int, int]:
+                inputs_on_device: bool = False, part: str = "all", ref_work: int | None = None) -> tuple[int, int]:
     """(host bytes, device bytes) one evaluation takes, estimated from one trial's input and output bytes: the
     stored trials (max_trial_gb caps them; they count on the device when made there), the heavy trial's
     temporaries, and on the device the candidate's input copies, outputs, comparison temporaries, timing sets and
     their reference outputs. Unknown sizes (None) are taken as max_trial_gb. With a reference server the work is
     split in two `part`s: "trials" (the server: the stored trials and a comparison's temporaries) and "candidate"
-    (the rest, the trials mapped from the server)."""
+    (the rest, the trials mapped from the server). `ref_work`: the bytes the reference's forward allocates beyond
+    its output, as the server measured them on the GPU; the candidate's part is then counted rather than bounded.
+    E.g. ReLU over 6 GiB (in = out = 6 GiB, ref_work 0): 96.25 GiB bounded, 52.75 GiB counted."""
     cap = opts["max_trial_gb"] * 2**30
     if per_input is None:
         per_input = per_output = cap / 4
@@ -459,8 +473,27 @@ def memory_need(per_input: int | None, per_output: int | None, opts: dict, devic
         on_device = 2 * one   # a comparison's temporaries (in steps: compare.py)
     elif part == "candidate":
         made = 0
+        if ref_work is not None and inputs_on_device and device == "cuda":
+            # What a candidate's worker allocates beside the mapped trials (harness.worker: _check_correctness,
+            # _time_candidate; harness.timing._graph_runners): its arguments and a second run's (2 x inputs); its
+            # output, the second run's and the copy they are compared on, then the timing's two reference outputs
+            # and two graphs' outputs (at most 5 x outputs at once, with a spot check's temporaries); the
+            # temporaries of two forwards (the graphs' pools: the reference's, and the candidate's taken as large);
+            # a quarter more for the caching allocator's rounding. Never above the bound.
+            counted = int(1.25 * (2 * per_input + 5 * per_output + 2 * ref_work)) + 2**28
+            on_device = min(on_device, counted)
     on_device, host = (on_device + made, 0) if inputs_on_device else (on_device, made)   # made on the device or host
     return (int(host + on_device), 0) if device == "cpu" else (int(host), int(on_device))
+
+
+def served_need(stored: int, per_input: int, per_output: int) -> int:
+    """The bytes a reference server keeps once its trials are made (memory_need's "trials" part, less the heavy
+    trial's temporaries): the `stored` trials, and one comparison's temporaries as that part counts them, at most a
+    copy of an output that is not contiguous, the ~10 temporaries of a step of 2^26 values (compare.py compares in
+    steps) and an input drawn again after a candidate wrote to the shared ones. E.g. ReLU over 6 GiB (two trials
+    kept, 24 GiB): 66 GiB to make them, 39 GiB kept."""
+    one = per_input + per_output
+    return stored + min(2 * one, one + 12 * 2**28)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -475,7 +508,8 @@ FORGED = ("the worker's pipe carried a message the harness did not send (a resul
 
 PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
 MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2,   # (their sizes)
-            "served": 1, "compare": 2}   # a reference server's trials are made; a candidate's outputs to compare
+            "served": 3, "compare": 2}   # a reference server's trials are made (their count, the host and device
+                                         # bytes it keeps); a candidate's outputs to compare
 
 
 def forged(message, key: str, phase: str, job_kind: str | None = "evaluate") -> bool:
@@ -499,7 +533,7 @@ def forged(message, key: str, phase: str, job_kind: str | None = "evaluate") -> 
     if kind == "mem":
         return not all(type(n) is int and n >= 0 for n in args)
     if kind == "served":   # (only a reference server sends it, once its trials are made)
-        return job_kind != "serve" or type(args[0]) is not int
+        return job_kind != "serve" or not all(type(n) is int and n >= 0 for n in args)
     if kind == "compare":   # (a candidate's job, checking correctness: a trial's index and its shared outputs)
         return job_kind != "evaluate" or phase != "run" or type(args[0]) is not int or type(args[1]) is not bytes
     return kind == "jit" and not isinstance(args[0], bool)
@@ -526,7 +560,8 @@ class JobRun:
                       ("compare", trial, outputs)            the task's reference server compares   WORKING
                                                              them; answers the worker with its
                                                              finding, and records it
-                      ("served", trials)  (a server job)     keeps the worker: the caller's now      DONE: trials
+                      ("served", trials, host, device)       keeps the worker: the caller's now      DONE: trials
+                                        (a server job)
                       ("result", verdict, key)                                                      DONE: verdict
                       the deadline passes                                                           DONE: timeout
                       the pipe breaks (the worker died)                                             DONE: crash
@@ -810,11 +845,15 @@ class ReferenceServer:
         self.lock = threading.Lock()   # one request at a time on the server's pipe
         self.attached, self.tainted, self.tickets = set(), set(), 0
         run = JobRun(worker, dict(job, kind="serve"), limits, gate, memory, gpu)
-        reply = run.run()   # (until the trials are made: ("served", their count), or a verdict)
+        reply = run.run()   # (until the trials are made: ("served", their count, bytes kept), or a verdict)
         self.granted = run.granted
         self.trials, self.failure = (reply[1], None) if run.kept else (0, reply)
         if not run.kept:
             self.worker = None   # (let go by run)
+        elif memory is not None and self.granted is not None:   # what the making took beyond what it keeps (the
+            host, device = reply[2:]                             # heavy trial's temporaries, say) is free again
+            keep = {"host": host, gpu: device} if gpu in self.granted else {"host": host + device}
+            self.granted = memory.shrink(self.granted, keep)
 
     def ask(self, request: tuple):
         """One request and its answer (callers hold the lock)."""

@@ -57,7 +57,7 @@ from harness.compare import (compare, copy_out, fingerprint_sums, heavy_tol, hos
                              output_problem, output_spec, outputs_intact, same, share, tensors, to_device,
                              tolerance, unchanged, unshare, within_kernels_reach)
 from harness.instrumentation import Instrumentation, Transport
-from harness.processes import ask_memory, gpu_turn, memory_need, pass_turn, yield_turn
+from harness.processes import ask_memory, gpu_turn, memory_need, pass_turn, served_need, yield_turn
 from harness.timing import (median, median_ci_width, read_floor_ms, time_models, time_within_floor,
                             timing_rule, peak_bandwidth)
 from harness.verdict import KernelResult, truncate, verdict
@@ -498,7 +498,7 @@ def _cap_trials(n: int, per_trial: int, opts: dict, details: dict) -> int:
 
 
 def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, store="cpu",
-                 between=None) -> tuple[list, bool]:
+                 between=None, measure: bool = False) -> tuple[list, bool]:
     """Reference outputs for every (inputs, heavy) draw of _trial_inputs, computed before the candidate exists; inputs
     and outputs kept on `store` (the GPU when the inputs were made there). Skips normal draws once inputs and outputs
     together would exceed max_trial_gb, and the heavy one if the reference is not finite on it. Returns (trials,
@@ -506,7 +506,8 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
     candidate's kernel can write to any device address in its process (an out-of-bounds store finds the caching
     allocator's other blocks), so outputs_intact checks them before a verdict stands; rewriting stored inputs only
     makes the candidate's own outputs disagree. `between()`, if given, runs before every draw but the first (a
-    waiting timer gets the GPU there)."""
+    waiting timer gets the GPU there). `measure` (a reference server, on a GPU): details["ref_work_bytes"], the most
+    a forward allocated beyond its output (the allocator's peak counter, reset before each forward)."""
     key = int.from_bytes(os.urandom(8), "little")   # the fingerprints' weights: unknown to the candidate
     trials, pending = [], []   # pending: (trial, its fingerprint sums still on the device)
     # read at the end with the fingerprints, in one host read: inputs the reference left as they were, and whether
@@ -519,8 +520,14 @@ def _make_trials(ref_model, draws: list, device, opts: dict, details: dict, stor
         if i and between is not None:
             between()
         args = to_device(inputs, device)
+        if measure:
+            held = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         with torch.no_grad():
             produced = ref_model(*args)
+        if measure:   # (an output that is an input, or a view of one, was not allocated: never below 0)
+            work = torch.cuda.max_memory_allocated(device) - held - nbytes(tensors(produced))
+            details["ref_work_bytes"] = max(details.get("ref_work_bytes", 0), work, 0)
         out = copy_out(produced, store)
         if heavy:
             finite = [torch.isfinite(o).all() for o in tensors(produced) if o.is_floating_point()]
@@ -576,7 +583,7 @@ def _reference(job: dict, conn: Connection, details: dict, turn: str, part: str 
     # a timer waiting for the GPU gets it between reference outputs too (as between a candidate's trials)
     between = (lambda: yield_turn(conn, device.type)) if turn == "shared" else None
     trials, ref_mutates = _make_trials(ref_model, draws, device, opts, details, device if on_device else "cpu",
-                                       between)
+                                       between, measure=part == "trials" and device.type == "cuda")
     details.update(ref_outputs_s=_since(clock), trials_on=device.type if on_device else "cpu")
     return ref, init_inputs, ref_model, trials, ref_mutates
 
@@ -617,7 +624,8 @@ def _attach_reference(ev: _Evaluation) -> KernelResult | None:
     """Stage 1 with a reference server (_job_serve): the task's trials are the server's, their inputs mapped into
     this process (not copied), the reference outputs left there (each trial is compared there: _compare_on_server).
     The reference module is still loaded here, for the init inputs, and on a GPU for the timing, where it runs
-    beside the candidate (pitfall 15). The memory asked for is the candidate's part alone."""
+    beside the candidate (pitfall 15). The memory asked for is the candidate's part alone, counted from the
+    reference's work where the server measured it (harness.processes.memory_need)."""
     job, conn, details, opts, device = ev.job, ev.conn, ev.details, ev.opts, ev.device
     clock = time.monotonic()
     try:
@@ -626,7 +634,7 @@ def _attach_reference(ev: _Evaluation) -> KernelResult | None:
         served = unshare(job["served"])
         on_device = device.type == "cuda" and served["details"].get("trials_on") == "cuda"
         host_bytes, device_bytes = memory_need(served["per_input"], served["per_output"], opts, device.type,
-                                               on_device, part="candidate")
+                                               on_device, part="candidate", ref_work=served["ref_work"])
         ask_memory(conn, host_bytes, device_bytes, details)
         if device.type == "cuda":
             _reserve_device_memory(device_bytes, details)
@@ -941,10 +949,15 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
     served = {"inputs": [tr["inputs"] for tr in trials], "heavy": [tr["heavy"] for tr in trials],
               "spec": [output_spec(tr["out"]) for tr in trials], "mutates": mutates, "atol": atol, "rtol": rtol,
               "floor_ms": floor_ms, "per_input": nbytes(trials[0]["inputs"]),
-              "per_output": nbytes(tensors(trials[0]["out"])),
+              "per_output": nbytes(tensors(trials[0]["out"])), "ref_work": details.get("ref_work_bytes"),
               "details": {k: details[k] for k in ("trials_on", "trials_capped", "heavy_trial", "ref_inputs_s",
-                                                  "ref_outputs_s", "inputs_on_device_failed") if k in details}}
-    conn.send(("served", len(trials)))
+                                                  "ref_outputs_s", "inputs_on_device_failed", "ref_work_bytes")
+                          if k in details}}
+    # the bytes it keeps from now on (harness.processes.served_need): the parent frees the rest of its admission
+    stored = sum(nbytes(tr["inputs"]) + nbytes(tensors(tr["out"])) for tr in trials)
+    keep = served_need(stored, served["per_input"], served["per_output"])
+    host = keep if device.type == "cpu" else stored if details.get("trials_on") != "cuda" else 0
+    conn.send(("served", len(trials), host, keep - host))
     while True:
         request = conn.recv()
         if request[0] == "share":   # (pickled for each candidate: each pickling counts one more user of the memory)

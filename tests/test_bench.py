@@ -259,22 +259,23 @@ def test_bench_processes_counts_a_child_that_fails():
 
 def test_bench_kernelbench_cpu_private_and_server_runs_agree_and_are_labelled(tmp_path):
     """Section (g) on the CPU, on two small tasks in an official checkout's layout: each run's verdicts as the
-    candidates were made (a correct copy then a PyTorch fallback, an off-by-one copy, one raising), the server's
-    run equal to the private one, a record per run and one for the section."""
+    candidates were made (a correct copy then a PyTorch fallback, an off-by-one copy, one raising, then our ReLU
+    solution for the task named as official ReLU, another fallback for the other), the server's run equal to the
+    private one, a record per run and one for the section."""
     from tests.common import ADD_TASK, RELU_TASK
     level = tmp_path / "KernelBench" / "level1"
     level.mkdir(parents=True)
-    (level / "1_Relu.py").write_text(RELU_TASK)
+    (level / "19_ReLU.py").write_text(RELU_TASK)
     (level / "2_Add.py").write_text(ADD_TASK)
-    cfg = bench.Config(out=str(tmp_path), kb_dir=str(tmp_path), kb_tasks=2, kb_samples=3, kb_runs="private,server",
+    cfg = bench.Config(out=str(tmp_path), kb_dir=str(tmp_path), kb_tasks=2, kb_samples=4, kb_runs="private,server",
                        gpu_workers=2)
     bench.bench_kernelbench(cfg, "t")
     records = {r["section"]: r for r in map(json.loads, open(tmp_path / "bench.jsonl"))}
     summary = records["kernelbench"]
-    assert summary["tasks"] == ["1_Relu", "2_Add"]
-    labelled = ["reward_hack", "mismatch", "runtime"] * 2
+    assert summary["tasks"] == ["19_ReLU", "2_Add"]
+    labelled = ["reward_hack", "mismatch", "runtime", "ok", "reward_hack", "mismatch", "runtime", "reward_hack"]
     assert summary["private0"]["kinds"] == summary["server1"]["kinds"] == labelled
     assert summary["private0"]["checks"] == summary["server1"]["checks"]
     assert summary["private0"]["checks"][0] == "pytorch_fallback"
-    assert summary["server1"]["served"] == 6 and summary["private0"]["served"] == 0
+    assert summary["server1"]["served"] == 8 and summary["private0"]["served"] == 0
     assert "kernelbench_private0" in records and "kernelbench_server1" in records

@@ -42,7 +42,19 @@ def test_harness_memory_admission_waits_and_never_deadlocks():
     candidate = mem.acquire({"host": 60})
     assert mem.free["host"] == -30 and mem.running == 1
     mem.release(candidate)
-    mem.release(served)
+    # once its trials are made the server keeps less (shrink: never more than granted), and a job waiting for the
+    # bytes it gave back is admitted
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(mem.acquire({"host": 50, 0: 10})))
+    other = mem.acquire({"host": 20})   # (a running job: the waiter must fit, not run alone)
+    waiter.start()
+    time.sleep(0.3)
+    assert not got   # 70 + 20 + 50 > 100
+    served = mem.shrink(served, {"host": 25, 0: 99})
+    waiter.join(5)
+    assert served == {"host": 25, "counted": False} and got == [{"host": 50, 0: 10, "counted": True}]
+    for granted in (got[0], other, served):
+        mem.release(granted)
     assert mem.free == {"host": 100, 0: 50} and mem.running == 0
 
 
@@ -120,6 +132,27 @@ def test_harness_memory_estimate_from_meta_inputs():
     host, device = hp.memory_need(per_input, None, eh.DEFAULTS, "cuda")
     assert host >= 4 * per_input and device >= 4 * per_input   # one trial + the heavy one, inputs and outputs
     assert sum(hp.memory_need(per_input, per_output, eh.DEFAULTS, "cuda")) < 0.7 * (host + device)
+
+
+def test_harness_memory_of_a_served_candidate_counted_from_the_reference_work():
+    """With a reference server a candidate's part is counted from the measured reference work (ReLU over 6 GiB:
+    52.75 GiB, not the 96.25 GiB bound), never above the bound, and bounded where nothing was measured or the
+    trials are not on the GPU; the server keeps its trials, a comparison's temporaries and one input."""
+    G = 2**30
+    bound = hp.memory_need(6 * G, 6 * G, eh.DEFAULTS, "cuda", True, part="candidate")
+    assert bound == (0, 96 * G + 2**28)
+    counted = hp.memory_need(6 * G, 6 * G, eh.DEFAULTS, "cuda", True, part="candidate", ref_work=0)
+    assert counted == (0, int(1.25 * 42 * G) + 2**28)
+    # a reduction with 8 GiB of temporaries (HingeLoss: 4 GiB in, a scalar out), then one whose count would pass
+    # the bound
+    hinge = hp.memory_need(4 * G, 4, eh.DEFAULTS, "cuda", True, part="candidate", ref_work=8 * G)[1]
+    assert hinge == int(1.25 * (8 * G + 20 + 16 * G)) + 2**28
+    assert hp.memory_need(G, G, eh.DEFAULTS, "cuda", True, part="candidate", ref_work=100 * G) == \
+        hp.memory_need(G, G, eh.DEFAULTS, "cuda", True, part="candidate")
+    for on_device, device in ((False, "cuda"), (True, "cpu")):   # (ref_work is measured on a GPU only)
+        assert hp.memory_need(G, G, eh.DEFAULTS, device, on_device, part="candidate", ref_work=0) == \
+            hp.memory_need(G, G, eh.DEFAULTS, device, on_device, part="candidate")
+    assert hp.served_need(24 * G, 6 * G, 6 * G) == 39 * G
 
 
 def test_harness_loud_candidate_keeps_its_verdict_and_the_tail_of_its_output():
@@ -782,15 +815,17 @@ def test_harness_forged_knows_every_message_the_worker_sends():
               ("mem", 2**30, 0), ("jit", True), ("jit", False), ("timer?",), ("result", hv.verdict("ok"), key)]
     assert [m for m in honest if hp.forged(m, key, "startup")] == []
     # a reference server's and its candidates' own messages, in the phase and job that send them
-    served = [(("served", 6), "reference", "serve"), (("compare", 5, b"outputs"), "run", "evaluate")]
+    served = [(("served", 6, 0, 2**30), "reference", "serve"), (("compare", 5, b"outputs"), "run", "evaluate")]
     assert [m for m, phase, job in served if hp.forged(m, key, phase, job)] == []
     assert set(hp.MESSAGES) == {m[0] for m in honest} | {m[0] for m, _, _ in served}   # (a new kind gets its case)
     bad = [("ready",), ("phase", "startup"), ("phase", "reference", 1), ("gpu", "all"), ("mem", 1.0, 0),
            ("mem", 1, -1), ("mem", True, 0), ("jit", 1), ("timer?", 1), ("result", hv.verdict("ok"), "x" * 32),
            ("result", {"error_kind": "ok"}, key), ("result", [], key), ("nothing",), (), ["ready", 1], "result",
-           ("served", 6), ("compare", 0, b"outputs"), ("compare", 0)]
+           ("served", 6, 0, 0), ("compare", 0, b"outputs"), ("compare", 0)]
     assert [m for m in bad if not hp.forged(m, key, "startup")] == []
-    assert hp.forged(("served", "6"), key, "reference", "serve")
+    assert hp.forged(("served", "6", 0, 0), key, "reference", "serve")
+    assert hp.forged(("served", 6, -1, 0), key, "reference", "serve") and hp.forged(("served", 6), key, "reference",
+                                                                                    "serve")
     assert hp.forged(("phase", "run"), key, "run") and not hp.forged(("phase", "run"), key, "compile")
     # every kind of verdict the worker and the parent make is well formed; none of the ill-formed ones is
     made = [hv.verdict(kind) for kind in eh.ERROR_KINDS] + [

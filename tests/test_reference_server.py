@@ -4,6 +4,7 @@ of its own; a write to the shared inputs is seen, put back, and every candidate 
 on its own trials; a worker's correct verdict stands only on the server's findings. CPU tests share the trials
 through shared-memory files; the GPU test maps them with CUDA IPC.
 """
+import time
 import types
 
 import pytest
@@ -93,6 +94,30 @@ def test_reference_server_sees_a_write_to_the_shared_inputs_puts_them_back_and_t
         pool.close()
 
 
+def test_reference_server_keeps_only_its_trials_bytes_once_they_are_made():
+    """The server is admitted with what making the trials takes (memory_need's "trials" part) and gives back what
+    it does not keep (served_need: the trials it stores, a comparison's temporaries, one input)."""
+    opts = dict(eh.DEFAULTS, compile_timeout=120.0)
+    pool = hp.Pool(hp.worker_env("cpu", "triton", opts, "run"), 0)
+    memory = hp.Memory(2**40, {})
+    job = {"ref_src": RELU_TASK, "backend": "triton", "device": "cpu", "opts": opts}
+    server = hp.ReferenceServer(pool.take(), job, {"startup": 300.0, "reference": 300.0, "run": 60.0}, memory=memory)
+    try:
+        per_input = 4096 * 4   # RELU_TASK: 4096 float32 values in, as many out (tests.common)
+        asked = sum(hp.memory_need(per_input, per_input, opts, "cpu", part="trials"))
+        kept = hp.served_need(6 * 2 * per_input, per_input, per_input)   # 5 trials and the heavy one
+        assert kept == 8 * 2 * per_input and asked - kept == 3 * per_input   # (the heavy trial's temporaries)
+        assert server.failure is None and server.granted == {"host": kept, "counted": False} and kept < asked
+        assert memory.free["host"] == 2**40 - kept and memory.running == 0
+    finally:
+        server.close()
+        pool.close()
+    deadline = time.monotonic() + 15
+    while memory.free["host"] != 2**40 and time.monotonic() < deadline:   # (given back once its worker is gone)
+        time.sleep(0.05)
+    assert memory.free["host"] == 2**40
+
+
 def test_reference_server_whose_reference_fails_leaves_the_candidates_their_own_verdicts():
     broken = RELU_TASK + "\ndef get_inputs():\n    raise RuntimeError('no inputs today')\n"
     pool, server = _cpu_server(broken)
@@ -160,8 +185,8 @@ def test_reference_server_messages_are_held_to_their_shape():
     assert hp.forged(("compare", "0", b"outputs"), key, "run", "evaluate")
     assert hp.forged(("compare", 0, "outputs"), key, "run", "evaluate")
     assert hp.forged(("compare", 0, b"outputs"), key, "run", "lint")
-    assert not hp.forged(("served", 6), key, "reference", "serve")
-    assert hp.forged(("served", 6), key, "reference", "evaluate")   # a candidate's worker never serves
+    assert not hp.forged(("served", 6, 0, 2**30), key, "reference", "serve")
+    assert hp.forged(("served", 6, 0, 2**30), key, "reference", "evaluate")   # a candidate's worker never serves
 
 
 def test_reference_server_output_problem_needs_only_the_spec():
@@ -217,3 +242,31 @@ def test_reference_server_gpu_ipc_verdicts_and_a_write_seen():
     finally:
         server.close()
         pool.close()
+
+
+@pytest.mark.gpu
+@gpu
+def test_reference_server_gpu_counts_a_candidates_memory_from_the_reference_work():
+    """On a GPU the server measures what the reference's forward allocates beyond its output (ReLU: nothing; RMSNorm:
+    its x * x, 128 MB), and each timed candidate is admitted with memory counted from it: less than the bound, and
+    no less than the candidate's measured peak (the largest of its stages' peaks)."""
+    import os
+    solutions = os.path.join(ROOT, "kernelbench_tasks", "solutions", "level1")
+    tasks = os.path.join(ROOT, "kernelbench_tasks", "level1")
+    pairs = []
+    for name in ("001_Relu", "013_RMSNorm"):
+        with open(os.path.join(tasks, name + ".py")) as f:
+            ref = f.read()
+        with open(os.path.join(solutions, f"{name}_triton.py")) as f:
+            good = f.read()
+        pairs += [(ref, good), (ref, good + "\n_SECOND_COPY = 1\n")]
+    with eh.Evaluator(backend="triton", progress=False, timing_budget_s=0.3) as ev:
+        results = ev.map(pairs)
+    assert [(r.error_kind, bool(r.speedup)) for r in results] == [("ok", True)] * 4, [r.error for r in results]
+    relu, rms = results[0].details["ref_work_bytes"], results[2].details["ref_work_bytes"]
+    assert relu < 2**23 and 2**27 <= rms < 2**29, (relu, rms)
+    bound = hp.memory_need(2**27, 2**27, eh.DEFAULTS, "cuda", True, part="candidate")[1]
+    for r in results:
+        peak_mb = max(peak for peak, _ in r.details["gpu_mb"].values())
+        need_mb = r.details["mem_need_mb"][1]
+        assert peak_mb <= need_mb < bound / 2**20, (peak_mb, need_mb, r.details["gpu_mb"])
