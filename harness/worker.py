@@ -633,8 +633,10 @@ def _attach_reference(ev: _Evaluation) -> KernelResult | None:
         del sys.modules["kz_reference"]   # the candidate cannot find it by name
         served = unshare(job["served"])
         on_device = device.type == "cuda" and served["details"].get("trials_on") == "cuda"
+        # (a rerun after an out-of-memory asks for the bound: the count may have been what fell short)
         host_bytes, device_bytes = memory_need(served["per_input"], served["per_output"], opts, device.type,
-                                               on_device, part="candidate", ref_work=served["ref_work"])
+                                               on_device, part="candidate",
+                                               ref_work=None if job.get("alone") else served["ref_work"])
         ask_memory(conn, host_bytes, device_bytes, details)
         if device.type == "cuda":
             _reserve_device_memory(device_bytes, details)
