@@ -121,6 +121,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)   # spawned workers import cuda_ext, eval_harness and harness.worker from here
+from plumbing.console import gpu_peak_mb  # noqa: E402  (after the path: run from anywhere)
 
 
 @dataclass
@@ -955,14 +956,6 @@ def stretches(longest: list) -> str:
     return "longest shared stretches " + (", ".join(
         f"{phase} {len(xs)} x median {statistics.median(xs):.3f} max {max(xs):.3f} s" for phase, xs in sorted(by.items()))
         or "not reported")
-
-
-def gpu_peak_mb(details: dict) -> int | None:
-    """A candidate's peak allocated GPU MiB: the largest over its stages (details["gpu_mb"], [peak, reserved] per
-    stage); None without a GPU stage. Against details["mem_need_mb"][1] (the admission's estimate) it says how much
-    the estimate over-asks."""
-    stages = details.get("gpu_mb") or {}
-    return max((peak for peak, _ in stages.values()), default=None)
 
 
 def spent_seconds(results: list) -> collections.Counter:

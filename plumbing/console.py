@@ -63,6 +63,14 @@ def harness_seconds(results):
     return {k: round(v, 2) for k, v in total.items()} if any(total.values()) else {}
 
 
+def gpu_peak_mb(details: dict) -> int | None:
+    """A candidate's peak allocated GPU MiB: the largest over its stages (details["gpu_mb"], [peak, reserved] per
+    stage); None without a GPU stage. Against details["mem_need_mb"][1] (the admission's estimate) it says how much
+    the estimate over-asks."""
+    stages = details.get("gpu_mb") or {}
+    return max((peak for peak, _ in stages.values()), default=None)
+
+
 def graph_timed_frac(results):
     """Of the timed correct kernels, the share timed as CUDA graph replays (the rest were timed eagerly, with host
     latency inside the window: a noisier speedup; a CUDA kernel launched on the legacy default stream is one); None

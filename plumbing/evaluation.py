@@ -30,7 +30,7 @@ import torch
 from eval_harness import extract_code
 from kernelbench_tasks import catalog, synth
 from plumbing.checkpoints import write_jsonl
-from plumbing.console import graph_timed_frac, harness_seconds
+from plumbing.console import gpu_peak_mb, graph_timed_frac, harness_seconds
 from plumbing.distributed import harness_device_for, open_evaluator, phase_seed, rank, say, setup_ranks
 from plumbing.lora import adapter_header
 from plumbing.policy import make_policy
@@ -87,11 +87,14 @@ def evaluate_coder(policy, cfg, ev, level, samples, attempts, kernelbench_dir=""
     out["seconds"] = {"generate": round(times["eval_gen"], 1), "verify_after": round(times["eval_eval"], 1)}
     # per task every sample's verdict (so that `compare` can compute intervals from the file alone), its answer
     # (truncated: what the Coder actually writes; bench.py builds harness batches from the failing ones) and the first
-    # sample's error; and its harness seconds (where a slow level spends its worker slots, task by task)
+    # sample's error; its harness seconds (where a slow level spends its worker slots, task by task) and, on a GPU,
+    # every sample's [peak, admitted] MiB (how far memory admission's estimate is from what the kernels took)
     out["tasks"] = {name: dict(n=samples, correct=c, sample_correct=[r.correct for r in rs],
                                sample_speedup=[r.speedup for r in rs], sample_kind=[r.error_kind for r in rs],
                                first_kind=rs[0].error_kind, speedup=rs[0].speedup, first_error=rs[0].error[:500],
                                harness_s=harness_seconds(rs),
+                               sample_gpu_mb=[[gpu_peak_mb(r.details), (r.details.get("mem_need_mb") or [0, 0])[1]]
+                                              for r in rs],
                                answers=[a[:ANSWER_CHARS] for a in answers[i * samples:(i + 1) * samples]])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out

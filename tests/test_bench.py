@@ -11,6 +11,7 @@ import torch
 import bench
 import kernelzero as kz
 from plumbing import evaluation
+from plumbing.console import gpu_peak_mb
 
 _BENCH_CPU = torch.device("cpu")
 
@@ -201,8 +202,8 @@ def test_bench_gpu_peak_is_the_largest_stage_peak():
     GPU stage: None."""
     details = {"gpu_mb": {"load_reference": [47616, 50180], "check_correctness": [62466, 62468],
                           "time_candidate": [10, 62468]}}
-    assert bench.gpu_peak_mb(details) == 62466
-    assert bench.gpu_peak_mb({}) is None and bench.gpu_peak_mb({"gpu_mb": {}}) is None
+    assert gpu_peak_mb(details) == 62466
+    assert gpu_peak_mb({}) is None and gpu_peak_mb({"gpu_mb": {}}) is None
 
 
 def test_bench_gpu_sampler_reads_nvidia_smi_lines_and_stops(tmp_path):

@@ -116,8 +116,8 @@ def test_replication_compare_shows_kernels_before_and_after(tmp_path, capsys):
 def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path, capsys):
     """`eval --eval-temperature 0` decodes greedily, so it evaluates one sample per task whatever --samples says; the
     file records the model and temperature, every sample's verdict, the wall seconds of generation and each task's
-    harness seconds (none: an answer without code never reaches the harness), and `compare` reads it (itself: a zero
-    difference)."""
+    harness seconds and GPU memory (none: an answer without code never reaches the harness), and `compare` reads it
+    (itself: a zero difference)."""
     import kernelzero as kz
     res = kz.cli(["eval", "--preset", "tiny", "--device", "cpu", "--level", "1", "--samples", "3", "--eval-temperature", "0",
                   "--eval-max-tasks", "2", "--run-dir", str(tmp_path)])
@@ -131,6 +131,7 @@ def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path,
     for t in saved["tasks"].values():
         assert t["n"] == 1 and t["sample_correct"] == [False] and t["sample_kind"] == ["format"]
         assert t["sample_speedup"] == [None] and t["harness_s"] == {}
+        assert t["sample_gpu_mb"] == [[None, 0]]   # (no GPU stage ran: no peak, nothing admitted)
     rows = kz.cli(["compare", path, path])["level1"]
     assert rows[1]["diff"] == (0.0, 0.0, 0.0) and rows[0]["tasks"] == 2
 
