@@ -1266,6 +1266,9 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
                          "checks": [r.details.get("check") for r in results], "spent_s": dict(spent),
                          "served": sum(bool(r.details.get("reference_server")) for r in results),
                          "rerun_private": sum(bool(r.details.get("rerun_private")) for r in results),
+                         # why a task's candidates went without its server (its reference failed, it died, ...)
+                         "no_server": dict(collections.Counter(r.details["no_server"] for r in results
+                                                               if r.details.get("no_server"))),
                          # each candidate's measured GPU peak against what memory admission granted it
                          "gpu_peak_mb": [gpu_peak_mb(r.details) for r in results],
                          "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],

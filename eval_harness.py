@@ -389,7 +389,7 @@ class Evaluator:
     def _server(self, pool: str | int, ref_src: str, servers: dict) -> ReferenceServer | None:
         """The task's reference server on this pool (one per GPU: CUDA IPC maps memory of the same GPU), started by
         the first candidate that needs it; None where the task has none (fewer than two candidates to run, the
-        option off) or its server cannot serve."""
+        option off). One that cannot serve says why in its `failure`."""
         if ref_src not in servers["tasks"]:
             return None
         with servers["lock"]:
@@ -401,20 +401,26 @@ class Evaluator:
                 servers["made"][ref_src, pool] = ReferenceServer(
                     self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
                     pool if isinstance(pool, int) else None)
-        server = servers["made"][ref_src, pool]
-        return None if server.failure else server
+        return servers["made"][ref_src, pool]
 
     def _served(self, pool: str | int, job: dict, servers: dict) -> KernelResult:
         """A candidate's job on `pool`, on its task's shared trials where there is a reference server. A verdict the
         server cannot vouch for (the shared inputs changed while the candidate ran, or the server failed) is made
-        again, on trials of the candidate's own (details["rerun_private"] says why)."""
+        again, on trials of the candidate's own (details["rerun_private"] says why); one whose server could not
+        serve it at all is made on its own trials from the start (details["no_server"] says why)."""
         server = self._server(pool, job["ref_src"], servers)
         if server is None:
             return self._run(pool, job)
         try:
+            if server.failure:
+                raise ServerFailed(server.failure)
             ticket, shared = server.attach()
         except ServerFailed:
-            return self._run(pool, job)
+            result = self._run(pool, job)
+            failure = server.failure
+            result.details["no_server"] = truncate(failure.error if isinstance(failure, KernelResult) else
+                                                   str(failure), 300)
+            return result
         try:
             result = self._run(pool, dict(job, served=shared), server)
         finally:

@@ -128,6 +128,7 @@ def test_reference_server_whose_reference_fails_leaves_the_candidates_their_own_
         results = ev.map([(broken, GOOD_RELU), (broken, WRONG)])
     assert [r.error_kind for r in results] == ["runtime", "runtime"]
     assert all("no inputs today" in r.error and not r.details.get("reference_server") for r in results)
+    assert all("no inputs today" in r.details["no_server"] for r in results)   # (why they went without one)
 
 
 def test_reference_server_tainted_candidates_are_evaluated_again_on_their_own_trials(monkeypatch):
@@ -249,8 +250,8 @@ def test_reference_server_gpu_ipc_verdicts_and_a_write_seen():
 def test_reference_server_gpu_counts_a_candidates_memory_from_the_reference_work():
     """On a GPU the server measures what the reference's forward allocates beyond its output (ReLU: nothing; RMSNorm:
     nothing either, its x * x is freed before the output is made; MSE per row: the full-size squared differences,
-    128 MB), and each timed candidate is admitted with memory counted from it: less than the bound, and no less than
-    the candidate's measured peak (the largest of its stages' peaks)."""
+    128 MB), and each timed candidate is admitted with memory counted from it, never above the bound and no less
+    than the candidate's measured peak (the largest of its stages' peaks)."""
     import os
     solutions = os.path.join(ROOT, "kernelbench_tasks", "solutions", "level1")
     tasks = os.path.join(ROOT, "kernelbench_tasks", "level1")
@@ -268,7 +269,7 @@ def test_reference_server_gpu_counts_a_candidates_memory_from_the_reference_work
     relu, rms, mse = (results[i].details["ref_work_bytes"] for i in (0, 2, 4))
     assert relu < 2**23 and rms < 2**23 and 2**27 <= mse < 2**30, (relu, rms, mse)
     bound = hp.memory_need(2**27, 2**27, eh.DEFAULTS, "cuda", True, part="candidate")[1]
-    for r in results[:4]:
+    for r in results[:4]:   # (at 128 MiB the count reaches the bound: the CPU tests show it below at gigabytes)
         peak_mb = max(peak for peak, _ in r.details["gpu_mb"].values())
         need_mb = r.details["mem_need_mb"][1]
-        assert peak_mb <= need_mb < bound / 2**20, (peak_mb, need_mb, r.details["gpu_mb"])
+        assert peak_mb <= need_mb <= bound / 2**20, (peak_mb, need_mb, r.details["gpu_mb"])
