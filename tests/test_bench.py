@@ -258,25 +258,30 @@ def test_bench_processes_counts_a_child_that_fails():
     assert failed == 2 and wall > 0
 
 
-def test_bench_kernelbench_cpu_private_and_server_runs_agree_and_are_labelled(tmp_path):
+def test_bench_kernelbench_cpu_private_and_server_runs_agree_and_are_labelled(tmp_path, monkeypatch):
     """Section (g) on the CPU, on two small tasks in an official checkout's layout: each run's verdicts as the
     candidates were made (a correct copy then a PyTorch fallback, an off-by-one copy, one raising, then our ReLU
-    solution for the task named as official ReLU, another fallback for the other), the server's run equal to the
-    private one, a record per run and one for the section."""
+    solution for the task named as official ReLU, and, mapped here to the Add task too, where it fails), the server's
+    run equal to the private one, the one verdict unlike its label recorded with its error, a record per run and one
+    for the section."""
     from tests.common import ADD_TASK, RELU_TASK
     level = tmp_path / "KernelBench" / "level1"
     level.mkdir(parents=True)
     (level / "19_ReLU.py").write_text(RELU_TASK)
     (level / "2_Add.py").write_text(ADD_TASK)
+    monkeypatch.setitem(bench.KB_GOLDEN, "2_Add", "001_Relu")   # (one input where Add takes two: a TypeError)
     cfg = bench.Config(out=str(tmp_path), kb_dir=str(tmp_path), kb_tasks=2, kb_samples=4, kb_runs="private,server",
                        gpu_workers=2)
     bench.bench_kernelbench(cfg, "t")
     records = {r["section"]: r for r in map(json.loads, open(tmp_path / "bench.jsonl"))}
     summary = records["kernelbench"]
     assert summary["tasks"] == ["19_ReLU", "2_Add"]
-    labelled = ["reward_hack", "mismatch", "runtime", "ok", "reward_hack", "mismatch", "runtime", "reward_hack"]
-    assert summary["private0"]["kinds"] == summary["server1"]["kinds"] == labelled
+    verdicts = ["reward_hack", "mismatch", "runtime", "ok", "reward_hack", "mismatch", "runtime", "runtime"]
+    assert summary["private0"]["kinds"] == summary["server1"]["kinds"] == verdicts
     assert summary["private0"]["checks"] == summary["server1"]["checks"]
     assert summary["private0"]["checks"][0] == "pytorch_fallback"
     assert summary["server1"]["served"] == 8 and summary["private0"]["served"] == 0
+    for run in ("private0", "server1"):   # (JSON keys: strings)
+        assert list(summary[run]["unexpected"]) == ["7"] and "runtime: " in summary[run]["unexpected"]["7"]
+        assert "argument" in summary[run]["unexpected"]["7"]
     assert "kernelbench_private0" in records and "kernelbench_server1" in records
