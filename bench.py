@@ -1274,10 +1274,10 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
                          "mem_need_mb": [(r.details.get("mem_need_mb") or [None, None])[1] for r in results],
                          "speedups": [r.speedup for r in results], **busy_summary(gpu, "gpu")}
         expected = [{"fallback": "reward_hack", "wrong": "mismatch"}.get(label, label) for _, (_, label) in cands]
-        as_labelled = sum(r.error_kind == kind for r, kind in zip(results, expected))
         # a verdict other than its candidate's label, with why (an out-of-memory, a server that could not serve ...)
         summary[name]["unexpected"] = {i: f"{r.error_kind}: {r.error[:300]}" for i, (r, kind)
                                        in enumerate(zip(results, expected)) if r.error_kind != kind}
+        as_labelled = len(cands) - len(summary[name]["unexpected"])
         rows.append([name, round(wall, 1), round(len(cands) / wall * 60, 1), f"{as_labelled}/{len(cands)}"])
         ratios = [peak / need for peak, need in zip(summary[name]["gpu_peak_mb"], summary[name]["mem_need_mb"])
                   if peak and need]

@@ -411,11 +411,11 @@ class Evaluator:
         server = self._server(pool, job["ref_src"], servers)
         if server is None:
             return self._run(pool, job)
-        try:
-            if server.failure:
-                raise ServerFailed(server.failure)
-            ticket, shared = server.attach()
-        except ServerFailed:
+        shared = None
+        if not server.failure:
+            with contextlib.suppress(ServerFailed):   # (attach sets server.failure)
+                ticket, shared = server.attach()
+        if shared is None:
             result = self._run(pool, job)
             failure = server.failure
             result.details["no_server"] = truncate(failure.error if isinstance(failure, KernelResult) else

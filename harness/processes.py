@@ -389,6 +389,10 @@ class Memory:
             self.running += counted
         return {**need, "counted": counted}
 
+    def by_key(self, host: int, device: int, gpu: int | None) -> dict:
+        """A job's (host, device) bytes under this budget's keys: the GPU's own where it has one, else all host."""
+        return {"host": host, gpu: device} if gpu is not None and gpu in self.total else {"host": host + device}
+
     def shrink(self, granted: dict, keep: dict) -> dict:
         """The grant cut down to `keep`'s bytes per key (never raised), the rest freed: a reference server, once its
         trials are made, keeps only what it holds (served_need)."""
@@ -726,9 +730,8 @@ class JobRun:
         job, at once without a budget)."""
         start = time.monotonic()
         if self.memory is not None and self.granted is None:
-            on_gpu = self.gpu is not None and self.gpu in self.memory.total
-            self.granted = self.memory.acquire({"host": host, self.gpu: device} if on_gpu
-                                               else {"host": host + device}, counted=self.job.get("kind") != "serve")
+            self.granted = self.memory.acquire(self.memory.by_key(host, device, self.gpu),
+                                               counted=self.job.get("kind") != "serve")
         self.mem_wait_s += self.resume(start)
 
     def resume(self, start: float) -> float:
@@ -853,10 +856,9 @@ class ReferenceServer:
         self.trials, self.failure = (reply[1], None) if run.kept else (0, reply)
         if not run.kept:
             self.worker = None   # (let go by run)
-        elif memory is not None and self.granted is not None:   # what the making took beyond what it keeps (the
-            host, device = reply[2:]                             # heavy trial's temporaries, say) is free again
-            keep = {"host": host, gpu: device} if gpu in self.granted else {"host": host + device}
-            self.granted = memory.shrink(self.granted, keep)
+        elif memory is not None and self.granted is not None:
+            # what making the trials took beyond what the server keeps (the heavy trial's temporaries) is free again
+            self.granted = memory.shrink(self.granted, memory.by_key(*reply[2:], gpu))
 
     def ask(self, request: tuple):
         """One request and its answer (callers hold the lock)."""

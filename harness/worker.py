@@ -636,7 +636,8 @@ def _attach_reference(ev: _Evaluation) -> KernelResult | None:
         # (a rerun after an out-of-memory asks for the bound: the count may have been what fell short)
         host_bytes, device_bytes = memory_need(served["per_input"], served["per_output"], opts, device.type,
                                                on_device, part="candidate",
-                                               ref_work=None if job.get("alone") else served["ref_work"])
+                                               ref_work=None if job.get("alone") else
+                                               served["details"].get("ref_work_bytes"))
         ask_memory(conn, host_bytes, device_bytes, details)
         if device.type == "cuda":
             _reserve_device_memory(device_bytes, details)
@@ -951,14 +952,14 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
     served = {"inputs": [tr["inputs"] for tr in trials], "heavy": [tr["heavy"] for tr in trials],
               "spec": [output_spec(tr["out"]) for tr in trials], "mutates": mutates, "atol": atol, "rtol": rtol,
               "floor_ms": floor_ms, "per_input": nbytes(trials[0]["inputs"]),
-              "per_output": nbytes(tensors(trials[0]["out"])), "ref_work": details.get("ref_work_bytes"),
+              "per_output": nbytes(tensors(trials[0]["out"])),
               "details": {k: details[k] for k in ("trials_on", "trials_capped", "heavy_trial", "ref_inputs_s",
                                                   "ref_outputs_s", "inputs_on_device_failed", "ref_work_bytes")
                           if k in details}}
     # the bytes it keeps from now on (harness.processes.served_need): the parent frees the rest of its admission
     stored = sum(nbytes(tr["inputs"]) + nbytes(tensors(tr["out"])) for tr in trials)
     keep = served_need(stored, served["per_input"], served["per_output"])
-    host = keep if device.type == "cpu" else stored if details.get("trials_on") != "cuda" else 0
+    host = stored if details["trials_on"] != "cuda" else 0   # (the parent adds both up where there is no GPU)
     conn.send(("served", len(trials), host, keep - host))
     while True:
         request = conn.recv()
@@ -987,6 +988,7 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
             conn.send((intact, intact or fingerprints() == made))
         else:
             return None
+
 
 def _job_compile(job: dict, conn: Connection) -> KernelResult:
     """GPU mode's first stage on a CPU worker: build/import only, so the GPU stage finds a cache hit."""
