@@ -397,7 +397,7 @@ class Evaluator:
         with lock:   # (the task's other candidates on this pool wait for the trials, then share them)
             if (ref_src, pool) not in servers["made"]:
                 job = {"kind": "serve", "ref_src": ref_src, "backend": self.backend, "device": self.device,
-                       "opts": self.opts}
+                       "opts": self.opts, "defer": servers.get("defer", False)}
                 servers["made"][ref_src, pool] = ReferenceServer(
                     self.pools[pool].take(), job, self.limits, self.gates.get(pool), self.memory,
                     pool if isinstance(pool, int) else None)
@@ -416,8 +416,10 @@ class Evaluator:
             with contextlib.suppress(ServerFailed):   # (attach sets server.failure)
                 ticket, shared = server.attach()
         if shared is None:
-            result = self._run(pool, job)
             failure = server.failure
+            if isinstance(failure, KernelResult) and failure.details.get("deferred"):
+                return failure   # (the task's candidates go with their server: map runs them later)
+            result = self._run(pool, job)
             result.details["no_server"] = truncate(failure.error if isinstance(failure, KernelResult) else
                                                    str(failure), 300)
             return result
@@ -432,11 +434,12 @@ class Evaluator:
         return private
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
-                      early: KernelResult | None = None, servers: dict | None = None) -> KernelResult:
+                      early: KernelResult | None = None, servers: dict | None = None,
+                      defer: bool = False) -> KernelResult:
         if early:
             return early
         job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
-               "device": self.device, "opts": self.opts}
+               "device": self.device, "opts": self.opts, "defer": defer}
         servers = servers or {"tasks": set()}
         if not self.gpus:
             with cpu_slots:
@@ -518,35 +521,51 @@ class Evaluator:
             first.setdefault(key, i)
         todo = sorted(first.values()) if self.opts["dedupe"] else list(range(len(pairs)))
         early = [_precheck(cand, self.backend) for _, cand in pairs]
-        # reference servers (reference_server): for each task with two or more candidates to run, made by the first
-        # that needs one and ended after its task's last candidate
-        left = collections.Counter(pairs[i][0] for i in todo if early[i] is None)
-        servers = {"tasks": {task for task, n in left.items() if n > 1} if self.opts["reference_server"] else set(),
-                   "made": {}, "starting": {}, "lock": threading.Lock()}
 
-        def one(i):
+        def run(indices: list[int], defer: bool) -> list[int]:
+            """Verdicts for `indices`, side by side; with `defer`, those Memory refused (their memory fits only
+            once a server has ended) are left out and returned. Reference servers (reference_server): for each task
+            with two or more candidates to run, made by the first that needs one, ended after its task's last."""
+            left = collections.Counter(pairs[i][0] for i in indices if early[i] is None)
+            servers = {"tasks": {task for task, n in left.items() if n > 1} if self.opts["reference_server"] else set(),
+                       "made": {}, "starting": {}, "lock": threading.Lock(), "defer": defer}
+            deferred = []
+
+            def one(i):
+                try:
+                    results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
+                                                    early=early[i], servers=servers, defer=defer)
+                except Exception as e:   # a harness bug must not lose the other results
+                    results[i] = verdict("runtime", "harness error: " + format_exception(e))
+                if early[i] is None:
+                    with servers["lock"]:
+                        left[pairs[i][0]] -= 1
+                        done = [servers["made"].pop(key) for key in list(servers["made"])
+                                if key[0] == pairs[i][0] and not left[pairs[i][0]]]
+                    for server in done:
+                        server.close()
+                if results[i].details.get("deferred"):
+                    deferred.append(i)
+                else:
+                    bar.update(1)
+
+            # twice the compile slots: finished builds wait for a GPU while the next ones compile
+            threads = 2 * self.cpu_workers + self.gpu_workers * len(self.gpus)
             try:
-                results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
-                                                early=early[i], servers=servers)
-            except Exception as e:   # a harness bug must not lose the other results
-                results[i] = verdict("runtime", "harness error: " + format_exception(e))
-            if early[i] is None:
-                with servers["lock"]:
-                    left[pairs[i][0]] -= 1
-                    done = [servers["made"].pop(key) for key in list(servers["made"])
-                            if key[0] == pairs[i][0] and not left[pairs[i][0]]]
-                for server in done:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
+                    list(ex.map(one, indices))
+            finally:
+                for server in list(servers["made"].values()):
                     server.close()
-            bar.update(1)
+            return sorted(deferred)
 
-        # twice the compile slots: finished builds wait for a GPU while the next ones compile
-        threads = 2 * self.cpu_workers + self.gpu_workers * len(self.gpus)
-        try:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
-                list(ex.map(one, todo))
-        finally:
-            for server in list(servers["made"].values()):
-                server.close()
+        # Every candidate side by side, except those whose memory could fit only beside fewer reference servers
+        # than there are: those run after the rest, one task at a time (its server and its candidates alone)
+        deferred = run(todo, defer=True)
+        for task in dict.fromkeys(pairs[i][0] for i in deferred):
+            run([i for i in deferred if pairs[i][0] == task], defer=False)
+        for i in deferred:
+            results[i].details["ran_deferred"] = True
         for i, key in enumerate(keys):
             if results[i] is None:   # a duplicate: its first copy's verdict, marked as such; the seconds the
                 j = first[key]       # harness spent (phase_s, *_s) stay with the copy that spent them

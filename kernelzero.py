@@ -65,6 +65,7 @@ import ast
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import gzip
 import json
 import math
@@ -534,13 +535,16 @@ def run_kernels(ev, refs, completions):
             for c in codes]
 
 
-def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None):
+def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None, overlap=True):
     """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
     while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
     GPU itself is never shared with candidates: rollout holds it alone (Evaluator.holding_gpus), so no candidate is
     timed against the trainer's kernels or can exhaust the memory the trainer is using; they check and time between
     generate calls and after the last one. Under torchrun each rank generates and verifies its share of the prompts
-    (my_rows) on its own GPU; seed: see rollout.
+    (my_rows) on its own GPU; seed: see rollout. overlap=False (the eval subcommand): every kernel in one harness
+    call after the last generate call, with the memory generation cached given back first: one call schedules the
+    tasks of every batch together (official KernelBench's largest tasks take tens of GB each: they wait for memory
+    beside small ones instead of holding up a batch).
     Adds the wall time of generation to times[key + "_gen"] and of the rest of verification to times[key + "_eval"].
     Returns (batch, results, completions): batch holds this rank's rows, results and completions every rank's, in
     prompt order."""
@@ -551,20 +555,24 @@ def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=N
         def verify(start, texts):
             pending.append(harness.submit(run_kernels, ev, mine[start:start + len(texts)], texts))
         with timed(times, key + "_gen"):
-            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus, verify,
-                            rows, seed)
+            batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus,
+                            verify if overlap else None, rows, seed)
+        if not overlap:
+            if torch.cuda.is_available():   # (the static cache's and the scoring pass's blocks)
+                torch.cuda.empty_cache()
+            verify(0, batch["completions"])
         with timed(times, key + "_eval"):
             results = gather_rows(r for job in pending for r in job.result())
     return batch, results, gather_rows(batch["completions"])
 
 
-def coder_attempts(ev, coder, modules, k, cfg, times, key, seed=None, desc=None):
+def coder_attempts(ev, coder, modules, k, cfg, times, key, seed=None, desc=None, overlap=True):
     """k Coder kernels for each module source in `modules` (consecutive: a GRPO group each), verified by the harness:
     generate_and_verify's (batch, results, completions). The probes, the Coder phase, the held-out eval and
     self-distillation all ask the Coder this way."""
     prompts = [coder_prompt(src, cfg.backend, cfg.one_shot) for src in modules for _ in range(k)]
     refs = [src for src in modules for _ in range(k)]
-    return generate_and_verify(ev, coder, prompts, refs, cfg, times, key, desc or key, seed)
+    return generate_and_verify(ev, coder, prompts, refs, cfg, times, key, desc or key, seed, overlap)
 
 
 def kernel_scores(results):
@@ -1563,7 +1571,7 @@ def cli(argv):
             print(f"kernelzero.py: error: {e}", file=sys.stderr)
             raise
     if argv[:1] == ["eval"]:
-        return run_eval(parse_config(argv[1:], roles=("coder",)), coder_attempts)
+        return run_eval(parse_config(argv[1:], roles=("coder",)), functools.partial(coder_attempts, overlap=False))
     if argv[:1] == ["compare"]:
         if len(argv) < 2:   # (one eval: its table alone, as replicate.sh prints a single starting point's)
             raise SystemExit("usage: python kernelzero.py compare BEFORE.json [AFTER.json ...]  (or eval dirs)")

@@ -369,23 +369,41 @@ class Memory:
     """Admission by bytes, host and per GPU: the harness never runs more evaluations at once than memory holds.
 
     A job asks for (host bytes, device bytes) before it makes its trials: its worker estimates them from the task's
-    input sizes (memory_need). It is admitted when its bytes fit in what is free, or when no other admitted job is
-    running (a job larger than the whole budget still runs, alone). A reference server's bytes (acquire with
-    counted=False) are held while its task's candidates run: they take memory, but do not count as a running job,
-    else a server and a candidate of its own task that does not fit beside it would wait for each other."""
+    input sizes (memory_need). Jobs are admitted first come, first served (a large job is not passed forever by
+    small ones), each once its bytes fit in what is free. A reference server's bytes (acquire with counted=False)
+    stay while its task's candidates run: they do not count as a running job, and they go only when the task is
+    done, which may need the very jobs that wait. So a job waits only for what counted jobs will free (they end on
+    their own); one that could fit only after some server has gone does not wait: with `defer` it is refused at
+    once (acquire returns None: Evaluator.map runs it later, task by task), without it is admitted once no counted
+    job runs (a job larger than the whole budget still runs, with nothing but servers beside it)."""
 
     def __init__(self, host_bytes: int, gpu_bytes: dict):
         self.cond = threading.Condition()
         self.total = {"host": int(host_bytes), **{gpu: int(b) for gpu, b in gpu_bytes.items()}}
         self.free = dict(self.total)
+        self.servers = dict.fromkeys(self.total, 0)   # of what is taken, the servers' (uncounted) bytes
         self.running = 0
+        self.queue, self.tickets = collections.deque(), 0   # the waiting jobs' tickets, oldest first
 
-    def acquire(self, need: dict, counted: bool = True) -> dict:
+    def acquire(self, need: dict, counted: bool = True, defer: bool = False) -> dict | None:
         need = {key: min(int(v), self.total[key]) for key, v in need.items() if key in self.total and v > 0}
         with self.cond:
-            self.cond.wait_for(lambda: self.running == 0 or all(self.free[k] >= v for k, v in need.items()))
+            self.tickets += 1
+            ticket = self.tickets
+            self.queue.append(ticket)
+            try:
+                while not (self.queue[0] == ticket and (all(self.free[k] >= v for k, v in need.items())
+                                                        or (not defer and self.running == 0))):
+                    if defer and any(v > self.total[k] - self.servers[k] for k, v in need.items()):
+                        return None   # (it would wait for a server to end)
+                    self.cond.wait()
+            finally:
+                self.queue.remove(ticket)
+                self.cond.notify_all()   # (the next in line may go now)
             for key, v in need.items():
                 self.free[key] -= v
+                if not counted:
+                    self.servers[key] += v
             self.running += counted
         return {**need, "counted": counted}
 
@@ -399,17 +417,33 @@ class Memory:
         with self.cond:
             kept = dict(granted)
             for key, v in granted.items():
-                if key != "counted":
+                if key not in ("counted", "retired"):
                     kept[key] = min(v, int(keep.get(key, 0)))
                     self.free[key] += v - kept[key]
+                    if not granted["counted"]:
+                        self.servers[key] -= v - kept[key]
             self.cond.notify_all()
         return kept
+
+    def retire(self, granted: dict) -> dict:
+        """A server's grant whose process is ending: its bytes come back soon (release), so from now on a job waits
+        for them instead of being deferred. Returns the grant to release."""
+        if granted["counted"] or granted.get("retired"):
+            return granted
+        with self.cond:
+            for key, v in granted.items():
+                if key != "counted":
+                    self.servers[key] -= v
+            self.cond.notify_all()
+        return {**granted, "retired": True}
 
     def release(self, granted: dict) -> None:
         with self.cond:
             for key, v in granted.items():
-                if key != "counted":
+                if key not in ("counted", "retired"):
                     self.free[key] += v
+                    if not (granted["counted"] or granted.get("retired")):
+                        self.servers[key] -= v
             self.running -= granted["counted"]
             self.cond.notify_all()
 
@@ -430,7 +464,8 @@ def release_when_gone(memory: Memory, granted: dict, pid: int, timeout: float = 
     meanwhile could find tens of GB still taken (an out-of-memory, or trial inputs made on the host instead). A
     process ended counts as soon as it is a zombie (its files and memory are gone by then; its zygote reaps it
     later). At once where the process is gone already or cannot be watched (no pidfd: Linux < 5.3); after `timeout`
-    s at the latest."""
+    s at the latest. A server's bytes are no longer a server's meanwhile (Memory.retire)."""
+    granted = memory.retire(granted)
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
@@ -513,6 +548,8 @@ FORGED = ("the worker's pipe carried a message the harness did not send (a resul
           "harness's pipe")
 
 
+DEFERRED = ("deferred: its memory fits only once a reference server has ended (Evaluator.map runs it again, "
+            "after the other tasks)")
 PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
 MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2,   # (their sizes)
             "served": 3, "compare": 2}   # a reference server's trials are made (their count, the host and device
@@ -577,6 +614,7 @@ class JobRun:
                                                              ("go",), the clock skips the wait
       WAITING_MEMORY  memory admits the bytes                waits; sends ("go",), the clock        WORKING
                                                              skips the wait
+                      memory refuses them (job["defer"])                                            DONE: deferred
 
     step() is this table. run() steps from WORKING until DONE, adds the parent's timings to the verdict's details
     (finish) and, whatever ended the job, lets go of the worker (let_go: its GPU turn released, its process group
@@ -629,7 +667,8 @@ class JobRun:
             self.take_turn(self.request[1])
             return WORKING
         if state == WAITING_MEMORY:
-            self.admit(*self.request[1:])
+            if not self.admit(*self.request[1:]):
+                return self.end(verdict("runtime", DEFERRED, details={"deferred": True}))
             return WORKING
         # WORKING: the worker's next message, before the deadline
         left = self.deadline - time.monotonic()
@@ -725,14 +764,17 @@ class JobRun:
         self.gpu_wait_s += self.resume(start)
         self.offered = (time.monotonic(), self.phase)
 
-    def admit(self, host: int, device: int) -> None:
+    def admit(self, host: int, device: int) -> bool:
         """WAITING_MEMORY: wait for (host, device) bytes (device bytes are host bytes without a GPU; granted once per
-        job, at once without a budget)."""
+        job, at once without a budget). False: refused, the job is deferred (job["defer"]: see Memory)."""
         start = time.monotonic()
         if self.memory is not None and self.granted is None:
             self.granted = self.memory.acquire(self.memory.by_key(host, device, self.gpu),
-                                               counted=self.job.get("kind") != "serve")
+                                               counted=self.job.get("kind") != "serve", defer=self.job.get("defer"))
+            if self.granted is None:
+                return False
         self.mem_wait_s += self.resume(start)
+        return True
 
     def resume(self, start: float) -> float:
         """After a wait that began at `start`: the phase's clock and deadline skip it, and the worker goes on.

@@ -135,8 +135,9 @@ def run_eval(cfg, attempts):
     torchrun each rank generates and verifies its share)."""
     device = setup_ranks(cfg)
     harness_device = harness_device_for(cfg, device)
-    # the held-out evals during training sample at eval_temperature: so does this one, so that its pass@1 compares
-    cfg = dataclasses.replace(cfg, temperature=cfg.eval_temperature)
+    # the held-out evals during training sample at eval_temperature: so does this one, so that its pass@1 compares;
+    # no scoring pass after generation (lean_rollouts): an eval needs the answers, not their log-probs
+    cfg = dataclasses.replace(cfg, temperature=cfg.eval_temperature, lean_rollouts=True)
     say("config: " + json.dumps(dataclasses.asdict(cfg)))
     if cfg.temperature == 0 and cfg.samples > 1:
         say(f"note: greedy decoding (--eval-temperature 0) gives every sample the same answer: 1 sample per task, "

@@ -58,6 +58,56 @@ def test_harness_memory_admission_waits_and_never_deadlocks():
     assert mem.free == {"host": 100, 0: 50} and mem.running == 0
 
 
+def test_harness_memory_is_first_come_first_served_and_defers_what_waits_for_a_server():
+    """A job that fits waits behind an earlier one that does not (a large job is not passed forever); with `defer`, a
+    job that could fit only once a reference server has ended is refused at once (None), one that waits for counted
+    jobs alone still waits and is admitted."""
+    mem = hp.Memory(100, {})
+    running = mem.acquire({"host": 60})
+    got = []
+    big = threading.Thread(target=lambda: got.append(mem.acquire({"host": 70})))
+    big.start()
+    time.sleep(0.2)
+    small = threading.Thread(target=lambda: got.append(mem.acquire({"host": 30})))
+    small.start()
+    time.sleep(0.3)
+    assert got == []   # 60 + 30 fits, but the 70 asked first
+    mem.release(running)
+    big.join(5), small.join(5)
+    assert got == [{"host": 70, "counted": True}, {"host": 30, "counted": True}]
+    for granted in got:
+        mem.release(granted)
+    server = mem.acquire({"host": 50}, counted=False)
+    assert mem.acquire({"host": 60}, defer=True) is None   # 60 > 100 - 50: it would wait for the server to end
+    assert mem.free["host"] == 50 and mem.running == 0 and not mem.queue
+    candidate = mem.acquire({"host": 40}, defer=True)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(mem.acquire({"host": 30}, defer=True)))
+    waiter.start()
+    time.sleep(0.3)
+    assert got == []   # 50 + 40 + 30 > 100, but the candidate will end: it waits, not refused
+    mem.release(candidate)
+    waiter.join(5)
+    assert got == [{"host": 30, "counted": True}]
+    # without defer, the 60 runs once no counted job does (the server's bytes stay: it is as alone as it can be)
+    mem.release(got[0])
+    alone = mem.acquire({"host": 60})
+    assert mem.free["host"] == -10 and mem.servers["host"] == 50
+    mem.release(alone)
+    # a server whose process is ending (retire) gives its bytes back soon: a job waits for them, it is not deferred
+    retired = mem.retire(server)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(mem.acquire({"host": 60}, defer=True)))
+    waiter.start()
+    time.sleep(0.3)
+    assert got == [] and mem.servers == {"host": 0}
+    mem.release(retired)
+    waiter.join(5)
+    assert got == [{"host": 60, "counted": True}]
+    mem.release(got[0])
+    assert mem.free == {"host": 100} and mem.servers == {"host": 0} and mem.running == 0
+
+
 def test_harness_gpu_budget_leaves_out_the_workers_contexts():
     """A GPU's admission budget: 85% of what the workers' contexts leave, less the parent's own; a tenth of the GPU
     where the contexts would take it all."""
@@ -96,6 +146,24 @@ def test_harness_memory_budget_serialises_evaluations_and_says_so():
     assert [r.error_kind for r in results] == ["ok", "ok", "mismatch"], [r.error for r in results]
     assert all(r.details["mem_need_mb"][0] > 0 for r in results)
     assert any(r.details.get("mem_wait_s", 0) > 0 for r in results), [r.details.get("mem_wait_s") for r in results]
+
+
+def test_harness_map_defers_what_fits_only_without_other_servers_and_runs_it_task_by_task():
+    """A candidate whose memory fits the budget, but not beside its task's reference server, is deferred in the
+    side-by-side pass (it would wait for a server to end) and run after it, its task alone: same verdicts."""
+    t = _t()
+    big = t.RELU_TASK.replace("torch.randn(N)", "torch.randn(2**21)")   # 8 MiB in, 8 out: ~128 MiB of trials kept
+    assert big != t.RELU_TASK
+    fast = t.GOOD_RELU.replace("1024),)", "65536),)").replace("BLOCK=1024", "BLOCK=65536")   # (32 programs)
+    pairs = [(big, fast), (big, t.WRONG), (t.RELU_TASK, t.GOOD_RELU), (t.RELU_TASK, t.WRONG)]
+    # a candidate's part ~384 MiB (its outputs, copies, the flush), the server keeps ~128: 430 fits one, not both
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, host_memory_gb=0.42) as ev:
+        results = ev.map(pairs)
+    assert [r.error_kind for r in results] == ["ok", "mismatch", "ok", "mismatch"], [r.error for r in results]
+    assert [bool(r.details.get("ran_deferred")) for r in results] == [True, True, False, False], \
+        [r.details.get("mem_need_mb") for r in results]
+    assert all(r.details.get("reference_server") for r in results)
+    assert not any(r.details.get("deferred") for r in results)
 
 
 def test_harness_memory_estimate_from_meta_inputs():

@@ -1052,6 +1052,32 @@ def test_trainer_eval_subcommand_writes_metrics_and_answers(tmp_path):
     assert all(len(t["answers"]) == t["n"] for t in saved["tasks"].values())   # every sample's answer
 
 
+def test_trainer_eval_verifies_every_answer_in_one_harness_call(monkeypatch):
+    """The trainer's phases verify each generate call's answers while the next generates; the eval subcommand
+    (overlap=False) hands them all to the harness in one call after the last generate call, in prompt order."""
+    calls = []
+
+    def fake_rollout(model, tok, prompts, cfg, sampler, desc, gpu_turn, on_chunk, rows, seed):
+        texts = [f"answer {i}" for i in range(len(prompts))]
+        for start in range(0, len(texts), 2):   # generate calls of 2
+            if on_chunk:
+                on_chunk(start, texts[start:start + 2])
+        return {"completions": texts}
+    monkeypatch.setattr(kz, "rollout", fake_rollout)
+    monkeypatch.setattr(kz, "run_kernels", lambda ev, refs, texts: calls.append((list(refs), list(texts))) or
+                        [f"verdict of {t}" for t in texts])
+    ev, policy = types.SimpleNamespace(holding_gpus=contextlib.nullcontext), types.SimpleNamespace(
+        model=None, tok=None, sampler=None)
+    for overlap, expected in ((True, 3), (False, 1)):
+        calls.clear()
+        times = {}
+        _, results, answers = kz.coder_attempts(ev, policy, ["m0", "m1", "m2"], 2, kz.Config(), times, "eval",
+                                                overlap=overlap)
+        assert len(calls) == expected and [r for refs, _ in calls for r in refs] == [f"m{i // 2}" for i in range(6)]
+        assert results == [f"verdict of answer {i}" for i in range(6)] and answers == [f"answer {i}" for i in range(6)]
+        assert set(times) == {"eval_gen", "eval_eval"}
+
+
 def _trainer_records(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
