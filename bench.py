@@ -1266,6 +1266,8 @@ def bench_kernelbench(cfg: Config, tag: str) -> None:
                          "checks": [r.details.get("check") for r in results], "spent_s": dict(spent),
                          "served": sum(bool(r.details.get("reference_server")) for r in results),
                          "rerun_private": sum(bool(r.details.get("rerun_private")) for r in results),
+                         # run after the rest, task by task: their memory fitted only with fewer servers beside them
+                         "ran_deferred": sum(bool(r.details.get("ran_deferred")) for r in results),
                          # why a task's candidates went without its server (its reference failed, it died, ...)
                          "no_server": dict(collections.Counter(r.details["no_server"] for r in results
                                                                if r.details.get("no_server"))),

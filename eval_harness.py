@@ -115,7 +115,9 @@ How it departs from KernelBench's own eval (src/eval.py)
   6. A task's trials are made once per GPU for all its candidates, in a worker of their own (reference_server; one
      per candidate in the other mode): candidates map the inputs (CUDA IPC, no copy) and their outputs are compared
      there, so the reference outputs never exist in a candidate's process (harness/README.md, "A task's reference
-     server").
+     server"). Memory is admitted first come, first served; a candidate that could fit only once another task's
+     server has ended is deferred, and map runs the deferred ones last, task by task (official KernelBench's
+     largest tasks take tens of GB each).
   7. Models keep their default (training) mode as in KernelBench (BatchNorm tasks use batch statistics); every call
      runs under torch.no_grad(). Tolerances per output dtype (TOLERANCES: fp32 1e-4, fp16/bf16 1e-2, atol = rtol).
 

@@ -535,6 +535,22 @@ def run_kernels(ev, refs, completions):
             for c in codes]
 
 
+def release_generation_memory(policy, desc):
+    """Give back the GPU memory generation keeps for its next call: generate()'s static KV cache (kept on the model),
+    the compiled decode step's CUDA graphs and their memory pool (torch._dynamo.reset), torch's cached blocks. For a
+    caller that generates no more (the eval subcommand): the harness's candidates get that memory."""
+    if not torch.cuda.is_available():
+        return
+    before = torch.cuda.memory_reserved()
+    for m in (policy.model, policy.sampler):
+        if "_cache" in vars(m):
+            del m._cache
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    say(f"{desc}: GPU memory reserved after generation {before / 2**30:.1f} GiB, "
+        f"{torch.cuda.memory_reserved() / 2**30:.1f} GiB once released")
+
+
 def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=None, overlap=True):
     """rollout() + run_kernels(), overlapped: each generate call's kernels go to the harness (one background thread)
     while the next call generates, so CUDA builds, worker start-up and input generation hide behind generation. The
@@ -558,8 +574,7 @@ def generate_and_verify(ev, policy, prompts, refs, cfg, times, key, desc, seed=N
             batch = rollout(policy.model, policy.tok, prompts, cfg, policy.sampler, desc, ev.holding_gpus,
                             verify if overlap else None, rows, seed)
         if not overlap:
-            if torch.cuda.is_available():   # (the static cache's and the scoring pass's blocks)
-                torch.cuda.empty_cache()
+            release_generation_memory(policy, desc)
             verify(0, batch["completions"])
         with timed(times, key + "_eval"):
             results = gather_rows(r for job in pending for r in job.result())

@@ -83,6 +83,8 @@ def evaluate_coder(policy, cfg, ev, level, samples, attempts, kernelbench_dir=""
     out["graph_timed_frac"] = graph_timed_frac(results)   # how many of those speedups came from graph replays
     out["errors"] = dict(Counter(r.error_kind for r in results))
     out["harness_s"] = harness_seconds(results)
+    # kernels the harness ran after the rest, task by task (their memory fitted only beside fewer reference servers)
+    out["ran_deferred"] = sum(bool(r.details.get("ran_deferred")) for r in results)
     # wall seconds: generation (verification overlaps it) and the verification left after the last generate call
     out["seconds"] = {"generate": round(times["eval_gen"], 1), "verify_after": round(times["eval_eval"], 1)}
     # per task every sample's verdict (so that `compare` can compute intervals from the file alone), its answer
