@@ -164,6 +164,17 @@ def test_harness_map_defers_what_fits_only_without_other_servers_and_runs_it_tas
         [r.details.get("mem_need_mb") for r in results]
     assert all(r.details.get("reference_server") for r in results)
     assert not any(r.details.get("deferred") for r in results)
+    # two such tasks, with room for one server and its candidate but not for two servers and a candidate: whichever
+    # way their jobs interleave, every candidate gets its verdict (deferred or not), and nothing waits forever
+    other = big.replace("torch.relu(x)", "torch.relu(x) + 0.0")
+    pairs = [(big, fast), (other, t.WRONG), (big, t.WRONG), (other, fast), (t.RELU_TASK, t.GOOD_RELU)]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, host_memory_gb=0.55) as ev:
+        results = ev.map(pairs)
+    assert [r.error_kind for r in results] == ["ok", "mismatch", "mismatch", "ok", "ok"], [r.error for r in results]
+    deadline = time.monotonic() + 15   # (bytes come back once each worker's process has ended)
+    while ev.memory.free != ev.memory.total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ev.memory.free == ev.memory.total and ev.memory.running == 0 and not any(ev.memory.servers.values())
 
 
 def test_harness_memory_estimate_from_meta_inputs():
