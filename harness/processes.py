@@ -552,8 +552,9 @@ DEFERRED = ("deferred: its memory fits only once a reference server has ended (E
             "after the other tasks)")
 PHASES = ("startup", "reference", "compile", "run")   # a job's phases, in the order a worker enters them
 MESSAGES = {"ready": 1, "phase": 1, "gpu": 1, "mem": 2, "jit": 1, "timer?": 0, "result": 2,   # (their sizes)
-            "served": 3, "compare": 2}   # a reference server's trials are made (their count, the host and device
-                                         # bytes it keeps); a candidate's outputs to compare
+            "served": 5, "compare": 2}   # a reference server's trials are made (their count, the host and device
+                                         # bytes it keeps, a candidate's host and device bytes beside them); a
+                                         # candidate's outputs to compare
 
 
 def forged(message, key: str, phase: str, job_kind: str | None = "evaluate") -> bool:
@@ -604,8 +605,8 @@ class JobRun:
                       ("compare", trial, outputs)            the task's reference server compares   WORKING
                                                              them; answers the worker with its
                                                              finding, and records it
-                      ("served", trials, host, device)       keeps the worker: the caller's now      DONE: trials
-                                        (a server job)
+                      ("served", trials, host, device,       keeps the worker: the caller's now      DONE: trials
+                       cand_host, cand_device) (a server job)
                       ("result", verdict, key)                                                      DONE: verdict
                       the deadline passes                                                           DONE: timeout
                       the pipe breaks (the worker died)                                             DONE: crash
@@ -893,14 +894,26 @@ class ReferenceServer:
         self.lock = threading.Lock()   # one request at a time on the server's pipe
         self.attached, self.tainted, self.tickets = set(), set(), 0
         run = JobRun(worker, dict(job, kind="serve"), limits, gate, memory, gpu)
-        reply = run.run()   # (until the trials are made: ("served", their count, bytes kept), or a verdict)
+        reply = run.run()   # (until the trials are made: ("served", count, bytes kept, a candidate's), or a verdict)
         self.granted = run.granted
         self.trials, self.failure = (reply[1], None) if run.kept else (0, reply)
         if not run.kept:
             self.worker = None   # (let go by run)
         elif memory is not None and self.granted is not None:
             # what making the trials took beyond what the server keeps (the heavy trial's temporaries) is free again
-            self.granted = memory.shrink(self.granted, memory.by_key(*reply[2:], gpu))
+            self.granted = memory.shrink(self.granted, memory.by_key(*reply[2:4], gpu))
+            # A server whose trials and one candidate do not fit the budget together serves nobody well: each
+            # candidate would run beside it over the budget (ReLU over 6 GiB on an 80 GB GPU: 39 GiB kept, a
+            # candidate's 54 GiB; out of memory). Then every candidate makes its own trials, alone if need be.
+            candidate = memory.by_key(*reply[4:6], gpu)
+            over = [key for key, v in candidate.items() if v + self.granted.get(key, 0) > memory.total[key]]
+            if over:
+                gib = lambda b: f"{b / 2**30:.1f} GiB"
+                key = over[0]
+                self.failure = (f"its trials ({gib(self.granted[key])} kept) and one candidate's part "
+                                f"({gib(candidate[key])}) do not fit the memory budget ({gib(memory.total[key])}) "
+                                f"together")
+                self.close()
 
     def ask(self, request: tuple):
         """One request and its answer (callers hold the lock)."""

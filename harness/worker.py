@@ -960,7 +960,11 @@ def _job_serve(job: dict, conn: Connection) -> KernelResult | None:
     stored = sum(nbytes(tr["inputs"]) + nbytes(tensors(tr["out"])) for tr in trials)
     keep = served_need(stored, served["per_input"], served["per_output"])
     host = stored if details["trials_on"] != "cuda" else 0   # (the parent adds both up where there is no GPU)
-    conn.send(("served", len(trials), host, keep - host))
+    # and what one candidate attached to them asks for (as _attach_reference counts it): the parent serves only if
+    # the trials kept and one candidate fit its budget together
+    candidate = memory_need(served["per_input"], served["per_output"], opts, device.type,
+                            details["trials_on"] == "cuda", part="candidate", ref_work=details.get("ref_work_bytes"))
+    conn.send(("served", len(trials), host, keep - host, *candidate))
     while True:
         request = conn.recv()
         if request[0] == "share":   # (pickled for each candidate: each pickling counts one more user of the memory)

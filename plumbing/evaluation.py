@@ -97,6 +97,10 @@ def evaluate_coder(policy, cfg, ev, level, samples, attempts, kernelbench_dir=""
                                harness_s=harness_seconds(rs),
                                sample_gpu_mb=[[gpu_peak_mb(r.details), (r.details.get("mem_need_mb") or [0, 0])[1]]
                                               for r in rs],
+                               # how the harness ran them: after the rest (memory), without the task's reference
+                               # server (why)
+                               ran_deferred=sum(bool(r.details.get("ran_deferred")) for r in rs),
+                               no_server=next((r.details["no_server"] for r in rs if r.details.get("no_server")), ""),
                                answers=[a[:ANSWER_CHARS] for a in answers[i * samples:(i + 1) * samples]])
                     for i, ((name, _), c, rs) in enumerate(zip(tasks, n_correct, per_task))}
     return out

@@ -148,29 +148,45 @@ def test_harness_memory_budget_serialises_evaluations_and_says_so():
     assert any(r.details.get("mem_wait_s", 0) > 0 for r in results), [r.details.get("mem_wait_s") for r in results]
 
 
-def test_harness_map_defers_what_fits_only_without_other_servers_and_runs_it_task_by_task():
-    """A candidate whose memory fits the budget, but not beside its task's reference server, is deferred in the
-    side-by-side pass (it would wait for a server to end) and run after it, its task alone: same verdicts."""
+def test_harness_map_runs_deferred_candidates_after_the_rest_task_by_task(monkeypatch):
+    """Candidates Memory refuses in the side-by-side pass (deferred: their memory would fit only once a server has
+    ended) are run after it, one task at a time, with their task's own server; verdicts as if never deferred."""
+    t = _t()
+    acquire = hp.Memory.acquire
+
+    def refused_once(self, need, counted=True, defer=False):   # every candidate, in the side-by-side pass
+        return None if defer and counted else acquire(self, need, counted, defer)
+    monkeypatch.setattr(hp.Memory, "acquire", refused_once)
+    pairs = [(t.RELU_TASK, t.GOOD_RELU), (t.ADD_TASK, t.GOOD_ADD), (t.RELU_TASK, t.WRONG)]
+    with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, host_memory_gb=4) as ev:
+        results = ev.map(pairs)
+    assert [r.error_kind for r in results] == ["ok", "ok", "mismatch"], [r.error for r in results]
+    assert all(r.details.get("ran_deferred") and not r.details.get("deferred") for r in results)
+    assert [bool(r.details.get("reference_server")) for r in results] == [True, False, True]   # (ADD: one candidate)
+
+
+def test_harness_server_that_cannot_fit_beside_a_candidate_serves_nobody_and_large_tasks_finish():
+    """A reference server whose trials and one candidate's part exceed the budget together serves nobody (each
+    candidate would run beside it over the budget): its candidates make their own trials, and say why. With room for
+    one server and its candidate but not two servers and a candidate, two such tasks still finish, whichever way
+    their jobs interleave (deferred or not), and all memory comes back."""
     t = _t()
     big = t.RELU_TASK.replace("torch.randn(N)", "torch.randn(2**21)")   # 8 MiB in, 8 out: ~128 MiB of trials kept
     assert big != t.RELU_TASK
     fast = t.GOOD_RELU.replace("1024),)", "65536),)").replace("BLOCK=1024", "BLOCK=65536")   # (32 programs)
-    pairs = [(big, fast), (big, t.WRONG), (t.RELU_TASK, t.GOOD_RELU), (t.RELU_TASK, t.WRONG)]
     # a candidate's part ~384 MiB (its outputs, copies, the flush), the server keeps ~128: 430 fits one, not both
+    pairs = [(big, fast), (big, t.WRONG), (t.RELU_TASK, t.GOOD_RELU), (t.RELU_TASK, t.WRONG)]
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, host_memory_gb=0.42) as ev:
         results = ev.map(pairs)
     assert [r.error_kind for r in results] == ["ok", "mismatch", "ok", "mismatch"], [r.error for r in results]
-    assert [bool(r.details.get("ran_deferred")) for r in results] == [True, True, False, False], \
-        [r.details.get("mem_need_mb") for r in results]
-    assert all(r.details.get("reference_server") for r in results)
-    assert not any(r.details.get("deferred") for r in results)
-    # two such tasks, with room for one server and its candidate but not for two servers and a candidate: whichever
-    # way their jobs interleave, every candidate gets its verdict (deferred or not), and nothing waits forever
+    assert [bool(r.details.get("reference_server")) for r in results] == [False, False, True, True]
+    assert all("do not fit the memory budget" in r.details["no_server"] for r in results[:2])
     other = big.replace("torch.relu(x)", "torch.relu(x) + 0.0")
     pairs = [(big, fast), (other, t.WRONG), (big, t.WRONG), (other, fast), (t.RELU_TASK, t.GOOD_RELU)]
     with eh.Evaluator(backend="triton", device="cpu", cpu_workers=2, progress=False, host_memory_gb=0.55) as ev:
         results = ev.map(pairs)
     assert [r.error_kind for r in results] == ["ok", "mismatch", "mismatch", "ok", "ok"], [r.error for r in results]
+    assert not any(r.details.get("no_server") for r in results)   # (here one server fits beside a candidate)
     deadline = time.monotonic() + 15   # (bytes come back once each worker's process has ended)
     while ev.memory.free != ev.memory.total and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -894,17 +910,17 @@ def test_harness_forged_knows_every_message_the_worker_sends():
               ("mem", 2**30, 0), ("jit", True), ("jit", False), ("timer?",), ("result", hv.verdict("ok"), key)]
     assert [m for m in honest if hp.forged(m, key, "startup")] == []
     # a reference server's and its candidates' own messages, in the phase and job that send them
-    served = [(("served", 6, 0, 2**30), "reference", "serve"), (("compare", 5, b"outputs"), "run", "evaluate")]
+    served = [(("served", 6, 0, 2**30, 0, 2**31), "reference", "serve"), (("compare", 5, b"outputs"), "run", "evaluate")]
     assert [m for m, phase, job in served if hp.forged(m, key, phase, job)] == []
     assert set(hp.MESSAGES) == {m[0] for m in honest} | {m[0] for m, _, _ in served}   # (a new kind gets its case)
     bad = [("ready",), ("phase", "startup"), ("phase", "reference", 1), ("gpu", "all"), ("mem", 1.0, 0),
            ("mem", 1, -1), ("mem", True, 0), ("jit", 1), ("timer?", 1), ("result", hv.verdict("ok"), "x" * 32),
            ("result", {"error_kind": "ok"}, key), ("result", [], key), ("nothing",), (), ["ready", 1], "result",
-           ("served", 6, 0, 0), ("compare", 0, b"outputs"), ("compare", 0)]
+           ("served", 6, 0, 0, 0, 0), ("compare", 0, b"outputs"), ("compare", 0)]
     assert [m for m in bad if not hp.forged(m, key, "startup")] == []
-    assert hp.forged(("served", "6", 0, 0), key, "reference", "serve")
-    assert hp.forged(("served", 6, -1, 0), key, "reference", "serve") and hp.forged(("served", 6), key, "reference",
-                                                                                    "serve")
+    assert hp.forged(("served", "6", 0, 0, 0, 0), key, "reference", "serve")
+    assert hp.forged(("served", 6, 0, 0, -1, 0), key, "reference", "serve")
+    assert hp.forged(("served", 6, 0, 0), key, "reference", "serve")   # (the candidate's bytes left out)
     assert hp.forged(("phase", "run"), key, "run") and not hp.forged(("phase", "run"), key, "compile")
     # every kind of verdict the worker and the parent make is well formed; none of the ill-formed ones is
     made = [hv.verdict(kind) for kind in eh.ERROR_KINDS] + [

@@ -186,8 +186,8 @@ def test_reference_server_messages_are_held_to_their_shape():
     assert hp.forged(("compare", "0", b"outputs"), key, "run", "evaluate")
     assert hp.forged(("compare", 0, "outputs"), key, "run", "evaluate")
     assert hp.forged(("compare", 0, b"outputs"), key, "run", "lint")
-    assert not hp.forged(("served", 6, 0, 2**30), key, "reference", "serve")
-    assert hp.forged(("served", 6, 0, 2**30), key, "reference", "evaluate")   # a candidate's worker never serves
+    assert not hp.forged(("served", 6, 0, 2**30, 0, 2**31), key, "reference", "serve")
+    assert hp.forged(("served", 6, 0, 2**30, 0, 2**31), key, "reference", "evaluate")   # a candidate's worker never serves
 
 
 def test_reference_server_output_problem_needs_only_the_spec():

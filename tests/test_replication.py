@@ -132,6 +132,8 @@ def test_replication_greedy_eval_records_samples_temperature_and_model(tmp_path,
         assert t["n"] == 1 and t["sample_correct"] == [False] and t["sample_kind"] == ["format"]
         assert t["sample_speedup"] == [None] and t["harness_s"] == {}
         assert t["sample_gpu_mb"] == [[None, 0]]   # (no GPU stage ran: no peak, nothing admitted)
+        assert t["ran_deferred"] == 0 and t["no_server"] == ""
+    assert saved["ran_deferred"] == 0
     rows = kz.cli(["compare", path, path])["level1"]
     assert rows[1]["diff"] == (0.0, 0.0, 0.0) and rows[0]["tasks"] == 2
 
