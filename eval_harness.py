@@ -436,13 +436,12 @@ class Evaluator:
         return private
 
     def _evaluate_one(self, ref_src: str, cand_src: str, cpu_slots, free_gpus, two_stage: bool,
-                      early: KernelResult | None = None, servers: dict | None = None,
-                      defer: bool = False) -> KernelResult:
+                      early: KernelResult | None = None, servers: dict | None = None) -> KernelResult:
         if early:
             return early
-        job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
-               "device": self.device, "opts": self.opts, "defer": defer}
         servers = servers or {"tasks": set()}
+        job = {"kind": "evaluate", "ref_src": ref_src, "cand_src": cand_src, "backend": self.backend,
+               "device": self.device, "opts": self.opts, "defer": servers.get("defer", False)}
         if not self.gpus:
             with cpu_slots:
                 return self._served("cpu", job, servers)
@@ -536,7 +535,7 @@ class Evaluator:
             def one(i):
                 try:
                     results[i] = self._evaluate_one(*pairs[i], cpu_slots, free_gpus, two_stage=len(pairs) > 1,
-                                                    early=early[i], servers=servers, defer=defer)
+                                                    early=early[i], servers=servers)
                 except Exception as e:   # a harness bug must not lose the other results
                     results[i] = verdict("runtime", "harness error: " + format_exception(e))
                 if early[i] is None:

@@ -407,6 +407,11 @@ class Memory:
             self.running += counted
         return {**need, "counted": counted}
 
+    @staticmethod
+    def bytes_of(granted: dict) -> dict:
+        """A grant's bytes per key, without its flags ("counted"; "retired": a server's, its process ending)."""
+        return {key: v for key, v in granted.items() if key not in ("counted", "retired")}
+
     def by_key(self, host: int, device: int, gpu: int | None) -> dict:
         """A job's (host, device) bytes under this budget's keys: the GPU's own where it has one, else all host."""
         return {"host": host, gpu: device} if gpu is not None and gpu in self.total else {"host": host + device}
@@ -416,12 +421,11 @@ class Memory:
         trials are made, keeps only what it holds (served_need)."""
         with self.cond:
             kept = dict(granted)
-            for key, v in granted.items():
-                if key not in ("counted", "retired"):
-                    kept[key] = min(v, int(keep.get(key, 0)))
-                    self.free[key] += v - kept[key]
-                    if not granted["counted"]:
-                        self.servers[key] -= v - kept[key]
+            for key, v in self.bytes_of(granted).items():
+                kept[key] = min(v, int(keep.get(key, 0)))
+                self.free[key] += v - kept[key]
+                if not granted["counted"]:
+                    self.servers[key] -= v - kept[key]
             self.cond.notify_all()
         return kept
 
@@ -431,19 +435,18 @@ class Memory:
         if granted["counted"] or granted.get("retired"):
             return granted
         with self.cond:
-            for key, v in granted.items():
-                if key != "counted":
-                    self.servers[key] -= v
+            for key, v in self.bytes_of(granted).items():
+                self.servers[key] -= v
             self.cond.notify_all()
         return {**granted, "retired": True}
 
     def release(self, granted: dict) -> None:
+        server = not (granted["counted"] or granted.get("retired"))   # (a retired one left the servers' count)
         with self.cond:
-            for key, v in granted.items():
-                if key not in ("counted", "retired"):
-                    self.free[key] += v
-                    if not (granted["counted"] or granted.get("retired")):
-                        self.servers[key] -= v
+            for key, v in self.bytes_of(granted).items():
+                self.free[key] += v
+                if server:
+                    self.servers[key] -= v
             self.running -= granted["counted"]
             self.cond.notify_all()
 
